@@ -1,0 +1,1 @@
+//! Pre-start hook (issue 3).

@@ -1,0 +1,1 @@
+//! GPU preflight (issue 3).

@@ -1,0 +1,1 @@
+//! The podman shim (issue 4).

@@ -1,0 +1,373 @@
+//! The one signal thread and the one `waitpid` caller.
+//!
+//! [`init`] must run at the top of `main`, before any other thread exists:
+//! it blocks the signals the agent handles so that every later thread
+//! inherits the mask, makes the process a child subreaper when it is not
+//! PID 1, and starts the thread that waits for signals and reaps children.
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{self, SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use tracing::{debug, info, warn};
+
+/// Signals the agent receives synchronously; all of them are blocked in every
+/// thread and reset to unblocked in children before `exec`.
+pub const HANDLED: [Signal; 7] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGCHLD,
+];
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Exited with this code.
+    Code(i32),
+    /// Killed by this signal.
+    Signal(i32),
+}
+
+impl Exit {
+    /// Returns the shell-style code: the exit code, or 128 + signal.
+    pub fn code(self) -> i32 {
+        match self {
+            Exit::Code(c) => c,
+            Exit::Signal(s) => 128 + s,
+        }
+    }
+
+    /// Returns true if and only if the child exited with code 0.
+    pub fn success(self) -> bool {
+        self == Exit::Code(0)
+    }
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code(c) => write!(f, "exit code {c}"),
+            Exit::Signal(s) => match Signal::try_from(*s) {
+                Ok(sig) => write!(f, "killed by {sig}"),
+                Err(_) => write!(f, "killed by signal {s}"),
+            },
+        }
+    }
+}
+
+type OnExit = Box<dyn FnOnce(Exit) + Send>;
+
+struct Reaper {
+    /// Children the agent started, by pid. Held while spawning so that the
+    /// reaper cannot reap a child before it is registered.
+    children: Mutex<HashMap<i32, OnExit>>,
+    /// Where signals other than SIGCHLD go; none means "exit 128+signal".
+    signals: Mutex<Option<Sender<Signal>>>,
+}
+
+static REAPER: OnceLock<Reaper> = OnceLock::new();
+
+fn reaper() -> &'static Reaper {
+    REAPER.get_or_init(|| Reaper {
+        children: Mutex::new(HashMap::new()),
+        signals: Mutex::new(None),
+    })
+}
+
+/// Returns the set of handled signals.
+pub fn handled_set() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in HANDLED {
+        set.add(s);
+    }
+    set
+}
+
+/// Blocks the handled signals, registers as child subreaper when not PID 1,
+/// and starts the signal/reaper thread. Call once, first thing in `main`.
+pub fn init() -> io::Result<()> {
+    signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&handled_set()), None)
+        .map_err(io::Error::from)?;
+    if std::process::id() != 1 {
+        // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument.
+        let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        if rc != 0 {
+            warn!(
+                error = %io::Error::last_os_error(),
+                "not PID 1 and cannot become a child subreaper: orphaned Ray processes will not be reaped; run as PID 1 or allow prctl"
+            );
+        }
+    }
+    let _ = reaper();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(signal_loop)?;
+    Ok(())
+}
+
+/// Routes every received signal except SIGCHLD to `tx` from now on.
+pub fn route_signals(tx: Sender<Signal>) {
+    *reaper().signals.lock().unwrap() = Some(tx);
+}
+
+fn signal_loop() {
+    let set = handled_set();
+    let raw: libc::sigset_t = *set.as_ref();
+    loop {
+        // A 1 s timeout reaps even if a SIGCHLD was coalesced or missed.
+        let ts = libc::timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid pointers to a sigset and a timespec on our stack.
+        let sig = unsafe { libc::sigtimedwait(&raw, std::ptr::null_mut(), &ts) };
+        if sig < 0 {
+            reap_all();
+            continue;
+        }
+        let Ok(sig) = Signal::try_from(sig) else {
+            continue;
+        };
+        if sig == Signal::SIGCHLD {
+            reap_all();
+            continue;
+        }
+        let tx = reaper().signals.lock().unwrap().clone();
+        match tx {
+            Some(tx) if tx.send(sig).is_ok() => {}
+            _ => {
+                debug!(?sig, "signal with no receiver, exiting");
+                std::process::exit(128 + sig as i32);
+            }
+        }
+    }
+}
+
+/// Reaps every child that has exited, routing statuses of known children.
+fn reap_all() {
+    let mut children = reaper().children.lock().unwrap();
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) => deliver(&mut children, pid, Exit::Code(code)),
+            Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                deliver(&mut children, pid, Exit::Signal(sig as i32))
+            }
+            Ok(WaitStatus::StillAlive) => break,
+            Ok(_) => continue,
+            Err(Errno::EINTR) => continue,
+            Err(Errno::ECHILD) => break,
+            Err(e) => {
+                warn!(error = %e, "waitpid failed");
+                break;
+            }
+        }
+    }
+}
+
+fn deliver(children: &mut HashMap<i32, OnExit>, pid: Pid, exit: Exit) {
+    match children.remove(&pid.as_raw()) {
+        Some(f) => f(exit),
+        None => debug!(pid = pid.as_raw(), %exit, "reaped orphan"),
+    }
+}
+
+/// Prepares `cmd` so the child starts with an empty signal mask.
+fn reset_mask(cmd: &mut Command) {
+    // SAFETY: the closure only calls sigprocmask, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            let empty = SigSet::empty();
+            signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&empty), None)
+                .map_err(io::Error::from)
+        });
+    }
+}
+
+/// Spawns `cmd` and calls `on_exit` from the reaper thread when it exits.
+/// The child's signal mask is reset. `on_exit` must not block.
+pub fn spawn_with(
+    cmd: &mut Command,
+    on_exit: impl FnOnce(Exit) + Send + 'static,
+) -> io::Result<u32> {
+    reset_mask(cmd);
+    let mut children = reaper().children.lock().unwrap();
+    let child = cmd.spawn()?;
+    let pid = child.id();
+    // Dropping a std Child neither waits nor kills; the reaper owns it now.
+    drop(child);
+    children.insert(pid as i32, Box::new(on_exit));
+    Ok(pid)
+}
+
+/// A child started through the reaper.
+pub struct ChildProc {
+    pid: u32,
+    rx: Receiver<Exit>,
+    exit: Option<Exit>,
+    started: Instant,
+}
+
+/// Spawns `cmd` with its exit status routed through the reaper.
+pub fn spawn(cmd: &mut Command) -> io::Result<ChildProc> {
+    let (tx, rx) = mpsc::channel();
+    let pid = spawn_with(cmd, move |exit| {
+        let _ = tx.send(exit);
+    })?;
+    Ok(ChildProc {
+        pid,
+        rx,
+        exit: None,
+        started: Instant::now(),
+    })
+}
+
+impl ChildProc {
+    /// Returns the child's pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Returns when the child was started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Returns the exit status if the child has exited.
+    pub fn try_wait(&mut self) -> Option<Exit> {
+        if self.exit.is_none() {
+            self.exit = self.rx.try_recv().ok();
+        }
+        self.exit
+    }
+
+    /// Waits up to `timeout` for the child to exit.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Exit> {
+        if self.exit.is_none() {
+            match self.rx.recv_timeout(timeout) {
+                Ok(e) => self.exit = Some(e),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {}
+            }
+        }
+        self.exit
+    }
+
+    /// Waits for the child to exit.
+    pub fn wait(&mut self) -> Exit {
+        loop {
+            if let Some(e) = self.wait_timeout(Duration::from_secs(3600)) {
+                return e;
+            }
+        }
+    }
+
+    /// Sends `sig` to the child; ESRCH (already gone) is not an error.
+    pub fn signal(&self, sig: Signal) {
+        if self.exit.is_some() {
+            return;
+        }
+        if let Err(e) = signal::kill(Pid::from_raw(self.pid as i32), sig) {
+            if e != Errno::ESRCH {
+                warn!(pid = self.pid, ?sig, error = %e, "failed to signal child");
+            }
+        }
+    }
+}
+
+/// What a command printed and how it ended, for short-lived helper commands.
+#[derive(Debug, Clone)]
+pub struct Captured {
+    /// How it ended; `None` when it was killed after the timeout.
+    pub exit: Option<Exit>,
+    /// True if and only if the timeout fired and the child was killed.
+    pub timed_out: bool,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub elapsed: Duration,
+}
+
+/// Runs `cmd` to completion (stdin null, stdout and stderr captured) with a
+/// timeout, through the reaper. On timeout the child's process group gets
+/// SIGKILL. Output beyond 1 MiB per stream is dropped.
+pub fn spawn_captured(cmd: &mut Command, timeout: Duration) -> io::Result<Captured> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    reset_mask(cmd);
+    let (tx, rx) = mpsc::channel();
+    let (mut out, mut err, pid) = {
+        let mut children = reaper().children.lock().unwrap();
+        let mut child = cmd.spawn()?;
+        let pid = child.id();
+        let out = child.stdout.take();
+        let err = child.stderr.take();
+        drop(child);
+        children.insert(
+            pid as i32,
+            Box::new(move |exit| {
+                let _ = tx.send(exit);
+            }),
+        );
+        (out, err, pid)
+    };
+    let started = Instant::now();
+    let read_all = |r: Option<std::process::ChildStdout>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(r) = r {
+                let _ = r.take(1 << 20).read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out_t = read_all(out.take());
+    let err_t = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(r) = err.take() {
+            let _ = r.take(1 << 20).read_to_end(&mut buf);
+        }
+        buf
+    });
+    let (exit, timed_out) = match rx.recv_timeout(timeout) {
+        Ok(e) => (Some(e), false),
+        Err(_) => {
+            let _ = signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            let _ = rx.recv_timeout(Duration::from_secs(2));
+            info!(pid, ?timeout, "command timed out and was killed");
+            (None, true)
+        }
+    };
+    // Descendants holding the pipes open must not block us forever.
+    let _ = signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    let stdout = out_t.join().unwrap_or_default();
+    let stderr = err_t.join().unwrap_or_default();
+    Ok(Captured {
+        exit,
+        timed_out,
+        stdout,
+        stderr,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// Converts a std exit status (from code that did not use the reaper).
+pub fn exit_from_std(s: std::process::ExitStatus) -> Exit {
+    match (s.code(), s.signal()) {
+        (Some(c), _) => Exit::Code(c),
+        (None, Some(sig)) => Exit::Signal(sig),
+        _ => Exit::Code(1),
+    }
+}

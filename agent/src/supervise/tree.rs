@@ -1,0 +1,1 @@
+//! The process tree under the agent, read with sysinfo.

@@ -1,0 +1,1 @@
+//! Head discovery on shared storage.

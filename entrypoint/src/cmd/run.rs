@@ -1,0 +1,6 @@
+//! `argus-agent run`.
+
+/// Runs the node.
+pub fn run() -> u8 {
+    1
+}
