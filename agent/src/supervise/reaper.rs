@@ -95,9 +95,16 @@ pub fn handled_set() -> SigSet {
     set
 }
 
+static STARTED: OnceLock<()> = OnceLock::new();
+
 /// Blocks the handled signals, registers as child subreaper when not PID 1,
-/// and starts the signal/reaper thread. Call once, first thing in `main`.
+/// and starts the signal/reaper thread. Call first thing in `main`; later
+/// calls do nothing. (In-process tests may call it too: the thread also
+/// reaps every second, so a SIGCHLD delivered to another thread is not lost.)
 pub fn init() -> io::Result<()> {
+    if STARTED.set(()).is_err() {
+        return Ok(());
+    }
     signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&handled_set()), None)
         .map_err(io::Error::from)?;
     if std::process::id() != 1 {
