@@ -406,6 +406,7 @@ fn ids(nodes: &[Node]) -> Vec<String> {
 /// Ray, and a replaced head container; `docker stop` of a worker exits 0
 /// within 10 s and leaves nothing behind.
 #[test]
+#[ignore = "needs the core agent (`run`, `healthcheck`) on main; run with --ignored once it lands"]
 fn compose_cluster_comes_up_and_heals_from_node_faults() {
     elapsed_since_start();
     require_docker();
