@@ -12,10 +12,9 @@
 #   - agent: the prebuilt target/release/argus-agent when cargo is here,
 #     else compiled in the Rust build stage. ARGUS_PREBUILT=0|1 forces one.
 #   - compose: `docker compose` (v2) if present, else `docker-compose` (v1).
-# Host preparation: ARGUS_TMPDIR (/tmp/argus) and ARGUS_MODEL_CACHE
-# (/tmp/argus-models) are created, the first one world-writable (sticky) so
-# the node's uid 1000 can write Ray's temp dir; ARGUS_DOCKER_GID is read off
-# /var/run/docker.sock. Everything else: docker-compose.yaml's header.
+# Host preparation: ARGUS_MODEL_CACHE (/tmp/argus-models) is created;
+# ARGUS_DOCKER_GID is read off /var/run/docker.sock. Everything else:
+# docker-compose.yaml's header.
 # Stop it with: docker compose down -v   (or docker-compose down -v)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,7 +47,6 @@ fi
 RAY_VERSION=${RAY_VERSION:-2.53.0}
 official=rayproject/ray:${RAY_VERSION}-py311
 export ARGUS_NODE_IMAGE=${ARGUS_NODE_IMAGE:-argus/argus-ray-node:${ARGUS_VERSION:-dev}}
-export ARGUS_TMPDIR=${ARGUS_TMPDIR:-/tmp/argus}
 export ARGUS_MODEL_CACHE=${ARGUS_MODEL_CACHE:-/tmp/argus-models}
 export ARGUS_DOCKER_GID=${ARGUS_DOCKER_GID:-$(stat -c %g /var/run/docker.sock)}
 
@@ -70,9 +68,7 @@ if [ $build = 1 ]; then
   BASE_IMAGE=$ARGUS_BASE_IMAGE ARGUS_VERSION=${ARGUS_NODE_IMAGE##*:} scripts/build-images.sh "${flags[@]}" >/dev/null
 fi
 
-mkdir -p "$ARGUS_TMPDIR" "$ARGUS_MODEL_CACHE"
-chmod 1777 "$ARGUS_TMPDIR" 2>/dev/null || [ -w "$ARGUS_TMPDIR" ] \
-  || die "$ARGUS_TMPDIR must be writable by uid 1000 (chmod 1777 it)"
+mkdir -p "$ARGUS_MODEL_CACHE"
 
 log "${compose[*]} up -d"
 "${compose[@]}" up -d --no-build "${up_args[@]}"

@@ -9,7 +9,8 @@
 //! unreachable is a test FAILURE, never a skip.
 //!
 //! Each test runs its own compose project (`argus-e2e-<pid>-<n>`) with its
-//! own host temp dir and dashboard port, and tears it down on drop.
+//! own volumes, model-cache directory and dashboard port, and tears it down
+//! on drop.
 //! Settings: ARGUS_E2E_COMPOSE ("docker compose" or "docker-compose") picks
 //! the compose tool; ARGUS_E2E_KEEP=1 leaves the cluster up for inspection.
 
@@ -179,11 +180,12 @@ impl Cluster {
         static N: AtomicUsize = AtomicUsize::new(0);
         let n = N.fetch_add(1, Ordering::SeqCst);
         let project = format!("argus-e2e-{}-{n}", std::process::id());
-        // Short paths: Ray's unix sockets live under it (108-byte limit).
+        // Holds the compose override and the model cache (a host path).
         let tmpdir = PathBuf::from(format!("/tmp/{project}"));
         let model_cache = tmpdir.join("models");
         std::fs::create_dir_all(&model_cache).unwrap();
-        set_mode(&tmpdir, 0o1777);
+        set_mode(&tmpdir, 0o755);
+        set_mode(&model_cache, 0o755);
         std::fs::write(model_cache.join("model.txt"), "weights-v1\n").unwrap();
         let override_file = tmpdir.join("compose.e2e.yaml");
         // Fast health checks for the test; everything else from the product file.
@@ -198,7 +200,6 @@ impl Cluster {
             .unwrap_or_else(|_| "0".into());
         let mut env: Vec<(String, String)> = [
             ("ARGUS_NODE_IMAGE", NODE_IMAGE.to_string()),
-            ("ARGUS_TMPDIR", tmpdir.display().to_string()),
             ("ARGUS_MODEL_CACHE", model_cache.display().to_string()),
             ("ARGUS_DOCKER_GID", docker_gid),
             ("ARGUS_DASHBOARD_HOST_PORT", free_port().to_string()),
@@ -347,13 +348,14 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         if std::env::var("ARGUS_E2E_KEEP").as_deref() == Ok("1") {
-            log(&format!("ARGUS_E2E_KEEP=1: leaving project {} up", self.project));
+            log(&format!(
+                "ARGUS_E2E_KEEP=1: leaving project {} up",
+                self.project
+            ));
             return;
         }
         let _ = output(&mut self.compose_cmd(&["down", "-v", "--remove-orphans", "-t", "10"]));
-        // Ray's files there belong to uid 1000; a root test removes them.
         let _ = std::fs::remove_dir_all(&self.tmpdir);
-        let _ = &self.model_cache;
     }
 }
 
@@ -415,27 +417,59 @@ fn compose_cluster_comes_up_and_heals_from_node_faults() {
 
     // 1. three alive Ray nodes, every container healthy.
     let up = Instant::now();
-    let nodes = c.wait_nodes("three nodes alive", Duration::from_secs(240), |n| n.len() == 3);
-    log(&format!("compose up -> 3 nodes alive: {:.1}s", up.elapsed().as_secs_f64()));
+    let nodes = c.wait_nodes("three nodes alive", Duration::from_secs(240), |n| {
+        n.len() == 3
+    });
+    log(&format!(
+        "compose up -> 3 nodes alive: {:.1}s",
+        up.elapsed().as_secs_f64()
+    ));
     c.wait_healthy(Duration::from_secs(120));
 
     // 2a. kill a worker's raylet: the agent restarts Ray, the node rejoins.
     let w1_ip = c.ip("worker-1");
-    let w1_old: Vec<String> = nodes.iter().filter(|n| n.ip == w1_ip).map(|n| n.id.clone()).collect();
-    assert_eq!(w1_old.len(), 1, "worker-1 ({w1_ip}) not among {}", fmt_nodes(&nodes));
+    let w1_old: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.ip == w1_ip)
+        .map(|n| n.id.clone())
+        .collect();
+    assert_eq!(
+        w1_old.len(),
+        1,
+        "worker-1 ({w1_ip}) not among {}",
+        fmt_nodes(&nodes)
+    );
     log("fault: SIGKILL worker-1's raylet");
-    run(Command::new("docker").args(["exec", &c.container("worker-1"), "pkill", "-9", "-x", "raylet"]));
-    c.wait_nodes("worker-1 rejoined after its raylet died", Duration::from_secs(180), |n| {
-        n.len() == 3 && n.iter().any(|x| x.ip == w1_ip && !w1_old.contains(&x.id))
-    });
+    run(Command::new("docker").args([
+        "exec",
+        &c.container("worker-1"),
+        "pkill",
+        "-9",
+        "-x",
+        "raylet",
+    ]));
+    c.wait_nodes(
+        "worker-1 rejoined after its raylet died",
+        Duration::from_secs(180),
+        |n| n.len() == 3 && n.iter().any(|x| x.ip == w1_ip && !w1_old.contains(&x.id)),
+    );
 
     // 2b. kill the head's Ray (its GCS): the head restarts Ray, workers rejoin.
     let before = ids(&c.wait_nodes("three nodes", Duration::from_secs(60), |n| n.len() == 3));
     log("fault: SIGKILL the head's gcs_server");
-    run(Command::new("docker").args(["exec", &c.container("head"), "pkill", "-9", "-x", "gcs_server"]));
-    c.wait_nodes("all nodes rejoined a restarted head Ray", Duration::from_secs(240), |n| {
-        n.len() == 3 && n.iter().all(|x| !before.contains(&x.id))
-    });
+    run(Command::new("docker").args([
+        "exec",
+        &c.container("head"),
+        "pkill",
+        "-9",
+        "-x",
+        "gcs_server",
+    ]));
+    c.wait_nodes(
+        "all nodes rejoined a restarted head Ray",
+        Duration::from_secs(240),
+        |n| n.len() == 3 && n.iter().all(|x| !before.contains(&x.id)),
+    );
 
     // 2c. docker kill the head container, bring up a new one.
     let before = ids(&c.wait_nodes("three nodes", Duration::from_secs(60), |n| n.len() == 3));
@@ -443,11 +477,24 @@ fn compose_cluster_comes_up_and_heals_from_node_faults() {
     log("fault: docker kill the head container, then a new head container");
     run(Command::new("docker").args(["kill", &old_head]));
     let replaced = Instant::now();
-    c.compose_run(&["up", "-d", "--no-build", "--no-deps", "--force-recreate", "head"]);
-    assert_ne!(c.container("head"), old_head, "compose did not create a new head container");
-    c.wait_nodes("all workers rejoined the new head container", Duration::from_secs(240), |n| {
-        n.len() == 3 && n.iter().all(|x| !before.contains(&x.id))
-    });
+    c.compose_run(&[
+        "up",
+        "-d",
+        "--no-build",
+        "--no-deps",
+        "--force-recreate",
+        "head",
+    ]);
+    assert_ne!(
+        c.container("head"),
+        old_head,
+        "compose did not create a new head container"
+    );
+    c.wait_nodes(
+        "all workers rejoined the new head container",
+        Duration::from_secs(240),
+        |n| n.len() == 3 && n.iter().all(|x| !before.contains(&x.id)),
+    );
     log(&format!(
         "head replaced -> all workers rejoined: {:.1}s",
         replaced.elapsed().as_secs_f64()
@@ -461,8 +508,14 @@ fn compose_cluster_comes_up_and_heals_from_node_faults() {
     run(Command::new("docker").args(["stop", &w2]));
     let took = t.elapsed();
     let code = inspect(&w2, "{{.State.ExitCode}}");
-    log(&format!("docker stop worker-2: {:.1}s, exit code {code}", took.as_secs_f64()));
-    assert!(took < Duration::from_secs(10), "docker stop took {took:?} (SIGKILL after 10 s?)");
+    log(&format!(
+        "docker stop worker-2: {:.1}s, exit code {code}",
+        took.as_secs_f64()
+    ));
+    assert!(
+        took < Duration::from_secs(10),
+        "docker stop took {took:?} (SIGKILL after 10 s?)"
+    );
     assert_eq!(code, "0", "worker-2 exited {code} on SIGTERM");
     assert_eq!(inspect(&w2, "{{.State.OOMKilled}}"), "false");
     // No container created on worker-2's behalf (the shim labels them with
@@ -470,9 +523,15 @@ fn compose_cluster_comes_up_and_heals_from_node_faults() {
     let all = run(Command::new("docker").args(["ps", "-a", "--format", "{{.ID}} {{.Labels}}"]));
     let left: Vec<&str> = all
         .lines()
-        .filter(|l| l.split_once(' ').is_some_and(|(id, labels)| labels.contains(&w2) && !w2.starts_with(id)))
+        .filter(|l| {
+            l.split_once(' ')
+                .is_some_and(|(id, labels)| labels.contains(&w2) && !w2.starts_with(id))
+        })
         .collect();
-    assert!(left.is_empty(), "containers left behind by worker-2: {left:?}");
+    assert!(
+        left.is_empty(),
+        "containers left behind by worker-2: {left:?}"
+    );
 }
 
 /// Issue 5 §3 and §4: Ray jobs whose tasks use runtime_env containers run in
@@ -486,7 +545,9 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
     require_docker();
     build_images(true);
     let c = Cluster::up(&[]);
-    c.wait_nodes("three nodes alive", Duration::from_secs(240), |n| n.len() == 3);
+    c.wait_nodes("three nodes alive", Duration::from_secs(240), |n| {
+        n.len() == 3
+    });
     let mount = "/home/ray/.neutree/models-cache/default";
     let cache = c.model_cache.display().to_string();
 
@@ -496,7 +557,16 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
         .map(|v| {
             let script = job_script(&engine_image(v), &cache, mount, "probe");
             let child = Command::new("docker")
-                .args(["exec", "-i", &c.container("head"), "timeout", "600", "python", "-c", &script])
+                .args([
+                    "exec",
+                    "-i",
+                    &c.container("head"),
+                    "timeout",
+                    "600",
+                    "python",
+                    "-c",
+                    &script,
+                ])
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -517,9 +587,16 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
         let r: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {stdout}"));
         log(&format!("job with engine {v}: {r}"));
         assert_eq!(r["answer"], 42);
-        assert_eq!(r["version"], v.as_str(), "task did not run in engine image {v}");
+        assert_eq!(
+            r["version"],
+            v.as_str(),
+            "task did not run in engine image {v}"
+        );
         assert_eq!(r["ray"], RAY_VERSION);
-        assert_eq!(r["model"], "weights-v1\n", "model cache not readable in the engine");
+        assert_eq!(
+            r["model"], "weights-v1\n",
+            "model cache not readable in the engine"
+        );
     }
 
     // SIGKILL of the Ray worker (the shim process) -> its engine container goes.
@@ -534,30 +611,50 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
         .expect("docker exec");
     let start = Instant::now();
     let engine = loop {
-        let id = run(Command::new("docker").args(["ps", "-q", "--filter", &format!("ancestor={image}")]));
+        let id = run(Command::new("docker").args([
+            "ps",
+            "-q",
+            "--filter",
+            &format!("ancestor={image}"),
+        ]));
         let ids: Vec<&str> = id.lines().collect();
         if !ids.is_empty() {
             break ids[0].to_string();
         }
-        assert!(start.elapsed() < Duration::from_secs(300), "no engine container of {image} appeared");
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "no engine container of {image} appeared"
+        );
         std::thread::sleep(Duration::from_secs(1));
     };
     std::thread::sleep(Duration::from_secs(3));
     let mut killed = false;
     for w in ["worker-1", "worker-2"] {
-        let o = output(Command::new("docker").args(["exec", &c.container(w), "pkill", "-9", "-f", "^podman run"]));
+        let o = output(Command::new("docker").args([
+            "exec",
+            &c.container(w),
+            "pkill",
+            "-9",
+            "-f",
+            "^podman run",
+        ]));
         killed |= o.status.success();
     }
     assert!(killed, "no shim process (podman run) found on the workers");
     let t = Instant::now();
-    while run(Command::new("docker").args(["ps", "-q", "--filter", &format!("id={engine}")])).trim() != "" {
+    while run(Command::new("docker").args(["ps", "-q", "--filter", &format!("id={engine}")])).trim()
+        != ""
+    {
         assert!(
             t.elapsed() < Duration::from_secs(15),
             "engine container {engine} still running 15 s after its Ray worker was SIGKILLed"
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    log(&format!("engine container gone {:.1}s after SIGKILL", t.elapsed().as_secs_f64()));
+    log(&format!(
+        "engine container gone {:.1}s after SIGKILL",
+        t.elapsed().as_secs_f64()
+    ));
     let _ = driver.kill();
     let _ = driver.wait();
 }
