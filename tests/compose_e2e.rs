@@ -665,12 +665,10 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
 fn job_script(image: &str, cache: &str, mount: &str, mode: &str) -> String {
     format!(
         r#"
-import json, os, time
+import json, os, socket, time
 import ray
-root = os.environ.get("ARGUS_SHARED_ROOT", "/private")
-cluster = os.environ.get("ARGUS_CLUSTER_NAME", "argus-ray")
-rec = json.load(open(f"{{root}}/ray/discovery/{{cluster}}/head.json"))
-ray.init(address=f"{{rec['head_ip']}}:{{rec['gcs_port']}}", log_to_driver=False)
+ip = socket.gethostbyname(socket.gethostname())
+ray.init(address=f"{{ip}}:{{os.environ.get('ARGUS_RAY_PORT', '6379')}}", log_to_driver=False)
 env = {{"container": {{"image": "{image}", "run_options": ["-v", "{cache}:{mount}:ro"]}}}}
 
 @ray.remote(runtime_env=env, resources={{"worker_node": 1}})

@@ -1,10 +1,10 @@
-"""Prints this Ray cluster's nodes as JSON, from inside a node container.
+"""Prints this Ray cluster's nodes as JSON, from inside the head container.
 
 Run it in the head:  docker exec -i <head> python - < docker/tools/ray_nodes.py
 Output: {"address": "ip:port", "alive": N, "nodes": [{"ip", "alive", "id",
-"resources"}...]}. The GCS address comes from the discovery record
-(ARGUS_HEAD_IP_FILE or its default under ARGUS_SHARED_ROOT), falling back to
-this container's own IP and ARGUS_RAY_PORT. Exit 1 with a message on error.
+"resources"}...]}. The GCS is this container's own (its IP, ARGUS_RAY_PORT);
+the port is probed first so a missing GCS fails in seconds, not after Ray's
+connection timeout. Exit 1 with a one-line message on error.
 """
 
 import json
@@ -14,20 +14,10 @@ import sys
 
 
 def gcs_address():
-    root = os.environ.get("ARGUS_SHARED_ROOT", "/private")
-    cluster = os.environ.get("ARGUS_CLUSTER_NAME", "argus-ray")
-    path = os.environ.get(
-        "ARGUS_HEAD_IP_FILE", f"{root}/ray/discovery/{cluster}/head.json"
-    )
-    try:
-        with open(path) as f:
-            rec = json.load(f)
-        if rec.get("head_ip") and rec.get("gcs_port"):
-            return f"{rec['head_ip']}:{rec['gcs_port']}"
-    except (OSError, ValueError):
-        pass
     ip = socket.gethostbyname(socket.gethostname())
-    return f"{ip}:{os.environ.get('ARGUS_RAY_PORT', '6379')}"
+    port = int(os.environ.get("ARGUS_RAY_PORT", "6379"))
+    socket.create_connection((ip, port), timeout=3).close()
+    return f"{ip}:{port}"
 
 
 def main():
