@@ -251,7 +251,6 @@ impl Node {
             },
             Event::RayExited { run, exit } => self.on_ray_exit(run, exit),
             Event::FileChanged => {
-                debug!("head record changed (file event)");
                 self.next_poll = Instant::now();
             }
         }
