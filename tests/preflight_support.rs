@@ -159,3 +159,165 @@ pub fn assert_failed(
     assert_eq!(v["class"], class, "{ctx}");
     assert_eq!(v["signature"], signature, "{ctx}");
 }
+
+/// The node start path: `argus-agent run` with a fake `ray`.
+impl FakeNode {
+    /// Installs a fake `ray` that records its arguments, TRITON_LIBCUDA_PATH
+    /// and whether the pre-start hook had already run in `ray.marker`, then
+    /// sleeps; and sets the variables `argus-agent run` needs for `role`.
+    pub fn prepare_run(&mut self, role: &str) -> &mut Self {
+        let ray = self.path("bin/ray");
+        let marker = self.path("ray.marker");
+        let hook_marker = self.path("hook.marker");
+        std::fs::write(
+            &ray,
+            format!(
+                "#!/bin/sh\n\
+                 if [ -e {hook} ]; then hook=yes; else hook=no; fi\n\
+                 echo \"pid=$$ hook_before=$hook TRITON_LIBCUDA_PATH=${{TRITON_LIBCUDA_PATH:-}} args=$*\" >> {marker}\n\
+                 exec sleep 120\n",
+                hook = hook_marker.display(),
+                marker = marker.display()
+            ),
+        )
+        .unwrap();
+        set_mode(&ray, 0o755);
+        let shared = self.path("shared");
+        std::fs::create_dir_all(&shared).unwrap();
+        let ray = ray.display().to_string();
+        let shared = shared.display().to_string();
+        let no_hook = self.path("no-such-hook").display().to_string();
+        self.set("ARGUS_ROLE", role)
+            .set("ARGUS_SHARED_ROOT", &shared)
+            .set("ARGUS_RAY_BIN", &ray)
+            .set("ARGUS_NODE_IP", "127.0.0.1")
+            .set("ARGUS_PRESTART_HOOK", &no_hook)
+            .set("ARGUS_STOP_GRACE_S", "2")
+    }
+
+    /// Writes an executable pre-start hook with `body` (after `touch
+    /// hook.marker`) and points ARGUS_PRESTART_HOOK at it.
+    pub fn hook(&mut self, body: &str, mode: u32) -> PathBuf {
+        let hook = self.path("ray-prestart");
+        std::fs::write(
+            &hook,
+            format!(
+                "#!/bin/sh\ntouch {}\n{body}\n",
+                self.path("hook.marker").display()
+            ),
+        )
+        .unwrap();
+        set_mode(&hook, mode);
+        let h = hook.display().to_string();
+        self.set("ARGUS_PRESTART_HOOK", &h);
+        hook
+    }
+
+    /// Returns the fake ray's marker, if it ran.
+    pub fn ray_marker(&self) -> Option<String> {
+        std::fs::read_to_string(self.path("ray.marker")).ok()
+    }
+
+    /// Runs `argus-agent run` expecting it to stop by itself within
+    /// `within`; returns its exit code and stderr.
+    pub fn run_until_exit(&self, within: std::time::Duration) -> (i32, String) {
+        let mut child = self
+            .command(&["run"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                use std::io::Read;
+                child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
+                return (status.code().unwrap_or(-1), err);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                self.kill_ray();
+                panic!(
+                    "argus-agent run did not exit within {within:?}; ray marker: {:?}",
+                    self.ray_marker()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Runs `argus-agent run` until the fake ray has started, then stops
+    /// the agent with SIGTERM; returns the marker and the agent's exit code.
+    pub fn run_until_ray_starts(&self, within: std::time::Duration) -> (String, i32, String) {
+        let mut child = self
+            .command(&["run"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + within;
+        let marker = loop {
+            if let Some(m) = self.ray_marker() {
+                break Some(m);
+            }
+            if child.try_wait().unwrap().is_some() || std::time::Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        // SAFETY: kill(2) with a pid we own.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let stop_deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > stop_deadline {
+                let _ = child.kill();
+                break child.wait().unwrap();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        self.kill_ray();
+        let mut err = String::new();
+        use std::io::Read;
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        let marker = marker.unwrap_or_else(|| {
+            panic!("ray did not start within {within:?}; agent exit {status:?}\nstderr:\n{err}")
+        });
+        (marker, status.code().unwrap_or(-1), err)
+    }
+
+    /// Kills a fake ray left behind (its pid is in the marker).
+    pub fn kill_ray(&self) {
+        if let Some(m) = self.ray_marker() {
+            for pid in m.lines().filter_map(|l| {
+                l.strip_prefix("pid=")?
+                    .split(' ')
+                    .next()?
+                    .parse::<i32>()
+                    .ok()
+            }) {
+                // SAFETY: kill(2); the pid was written by our fake ray.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+pub fn set_mode(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
