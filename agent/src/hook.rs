@@ -32,7 +32,7 @@ const TAIL_LINES: usize = 5;
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
     /// The hook ran and exited non-zero (or was killed by a signal).
-    #[error("pre-start hook {} failed with exit code {} ({exit}){}", .path.display(), .exit.code(), tail(.output_tail))]
+    #[error("pre-start hook {} failed with exit code {}{}{}", .path.display(), .exit.code(), signal_note(.exit), tail(.output_tail))]
     Failed {
         path: PathBuf,
         exit: Exit,
@@ -65,6 +65,13 @@ impl HookError {
             HookError::NotExecutable { .. } => 78,
             _ => 1,
         }
+    }
+}
+
+fn signal_note(exit: &Exit) -> String {
+    match exit {
+        Exit::Code(_) => String::new(),
+        Exit::Signal(_) => format!(" ({exit})"),
     }
 }
 
@@ -327,7 +334,10 @@ mod tests {
         let d = setup();
         let h = script(d.path(), "hook", "kill -9 $$", 0o755);
         let e = run_hook(&h, Duration::from_secs(5)).unwrap_err();
-        assert!(e.to_string().contains("exit code 137"), "{e}");
+        assert!(
+            e.to_string().contains("exit code 137 (killed by SIGKILL)"),
+            "{e}"
+        );
         assert_eq!(e.exit_code(), 1);
     }
 
