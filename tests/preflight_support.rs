@@ -21,7 +21,10 @@ pub fn fixtures() -> PathBuf {
 pub fn built_libs() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("argus-fake-gpu-libs-{}", std::process::id()));
+        // Under target/tmp (removed by `cargo clean`), one folder per test
+        // process so that concurrent test binaries never share a file.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("fake-gpu-libs-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         for (src, soname) in [
             ("libcuda.c", "libcuda.so.1"),
