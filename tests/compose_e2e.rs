@@ -550,10 +550,11 @@ fn compose_worker_stops_cleanly_on_docker_stop() {
 
 /// Issue 5 §3 and §4: Ray jobs whose tasks use runtime_env containers run in
 /// sibling engine containers through the podman shim, two engine images at
-/// once, a host model cache readable in the engine, and a SIGKILLed Ray
-/// worker takes its engine container with it.
+/// once, a host model cache readable in the engine, a SIGKILLed Ray worker
+/// takes its engine container with it, and a stopped node leaves none behind.
 #[test]
-#[ignore = "needs the podman shim (branch shim) on main; run with --ignored once it lands"]
+#[ignore = "needs the podman shim on main, with its janitor sweeps wired into `run`; \
+run with --ignored once they land"]
 fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
     elapsed_since_start();
     require_docker();
@@ -614,8 +615,7 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
     }
 
     // SIGKILL of the Ray worker (the shim process) -> its engine container goes.
-    let image = engine_image("stub-a");
-    let script = job_script(&image, &cache, mount, "sleep");
+    let script = job_script(&engine_image("stub-a"), &cache, mount, "sleep");
     let mut driver = Command::new("docker")
         .args(["exec", "-i", &c.container("head"), "python", "-c", &script])
         .stdin(Stdio::null())
@@ -623,54 +623,117 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
         .stderr(Stdio::null())
         .spawn()
         .expect("docker exec");
+    // The task's process (titled ray::task) is visible in its node, whose
+    // PID namespace the engine container shares (podman --pid=host).
     let start = Instant::now();
-    let engine = loop {
-        let id = run(Command::new("docker").args([
-            "ps",
-            "-q",
-            "--filter",
-            &format!("ancestor={image}"),
-        ]));
-        let ids: Vec<&str> = id.lines().collect();
-        if !ids.is_empty() {
-            break ids[0].to_string();
+    let worker = loop {
+        let found = ["worker-1", "worker-2"].into_iter().find(|w| {
+            output(Command::new("docker").args([
+                "exec",
+                &c.container(w),
+                "pgrep",
+                "-f",
+                "^ray::task",
+            ]))
+            .status
+            .success()
+        });
+        if let Some(w) = found {
+            break c.container(w);
         }
         assert!(
             start.elapsed() < Duration::from_secs(300),
-            "no engine container of {image} appeared"
+            "the sleeping task did not start in an engine container"
         );
         std::thread::sleep(Duration::from_secs(1));
     };
-    std::thread::sleep(Duration::from_secs(3));
-    let mut killed = false;
-    for w in ["worker-1", "worker-2"] {
-        let o = output(Command::new("docker").args([
-            "exec",
-            &c.container(w),
-            "pkill",
-            "-9",
-            "-f",
-            "^podman run",
-        ]));
-        killed |= o.status.success();
-    }
-    assert!(killed, "no shim process (podman run) found on the workers");
+    let owned = |w: &str| -> Vec<String> {
+        run(Command::new("docker").args([
+            "ps",
+            "-q",
+            "--filter",
+            &format!("label=io.argus.shim.owner={w}"),
+        ]))
+        .lines()
+        .map(String::from)
+        .collect()
+    };
+    let engines = owned(&worker);
+    assert!(
+        !engines.is_empty(),
+        "no engine container labelled with its owner {worker}"
+    );
+    // SIGKILL the Ray worker processes as the raylet does: the shims the
+    // raylet started (a shim's own helper processes, same command line,
+    // are children of a shim and are left alone; all are chosen before any
+    // is killed, as a killed shim's helper is re-parented).
+    let kill = r#"targets=""
+      for p in $(pgrep -f "^podman run"); do
+        pp=$(ps -o ppid= -p "$p" | tr -d " ")
+        case "$(tr "\0" " " </proc/"$pp"/cmdline 2>/dev/null)" in
+          "podman run"*) ;;
+          *) targets="$targets $p" ;;
+        esac
+      done
+      [ -n "$targets" ] && kill -9 $targets && echo $targets"#;
+    let killed = run(Command::new("docker").args(["exec", &worker, "sh", "-c", kill]));
+    log(&format!(
+        "SIGKILLed shim processes {:?} owning {engines:?}",
+        killed.split_whitespace().collect::<Vec<_>>()
+    ));
+    assert!(
+        !killed.trim().is_empty(),
+        "no shim process (podman run) found on {worker}"
+    );
+    // Gone means removed, not merely stopped (Ray may retry the task in a
+    // new container meanwhile; only these containers are checked).
+    let exists =
+        |id: &str| output(Command::new("docker").args(["inspect", "-f", "{{.State.Status}}", id]));
     let t = Instant::now();
-    while run(Command::new("docker").args(["ps", "-q", "--filter", &format!("id={engine}")])).trim()
-        != ""
-    {
+    loop {
+        let left: Vec<String> = engines
+            .iter()
+            .filter_map(|id| {
+                let o = exists(id);
+                o.status
+                    .success()
+                    .then(|| format!("{id} ({})", String::from_utf8_lossy(&o.stdout).trim()))
+            })
+            .collect();
+        if left.is_empty() {
+            break;
+        }
         assert!(
             t.elapsed() < Duration::from_secs(15),
-            "engine container {engine} still running 15 s after its Ray worker was SIGKILLed"
+            "engine containers {left:?} still there 15 s after their Ray workers were SIGKILLed"
         );
         std::thread::sleep(Duration::from_millis(500));
     }
     log(&format!(
-        "engine container gone {:.1}s after SIGKILL",
+        "engine containers removed {:.1}s after SIGKILL",
         t.elapsed().as_secs_f64()
     ));
     let _ = driver.kill();
     let _ = driver.wait();
+
+    // A stopped node leaves none of its engine containers behind, running
+    // or exited (R-PID-4, R-SHIM-4).
+    for w in ["worker-1", "worker-2"] {
+        let id = c.container(w);
+        run(Command::new("docker").args(["stop", &id]));
+        let all = run(Command::new("docker").args([
+            "ps",
+            "-a",
+            "--format",
+            "{{.ID}} {{.Status}}",
+            "--filter",
+            &format!("label=io.argus.shim.owner={id}"),
+        ]));
+        assert!(
+            all.trim().is_empty(),
+            "containers left behind by {w} after docker stop:\n{all}"
+        );
+    }
 }
 
 /// Returns a driver program (run in the head) with one task in an engine
