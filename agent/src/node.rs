@@ -143,13 +143,8 @@ pub struct Node {
 }
 
 impl Node {
-    /// Creates the node; `extra_env` goes into Ray's environment.
-    pub fn new(
-        cfg: Config,
-        ip: IpAddr,
-        ip_source: IpSource,
-        extra_env: Vec<(String, String)>,
-    ) -> Self {
+    /// Creates the node.
+    pub fn new(cfg: Config, ip: IpAddr, ip_source: IpSource) -> Self {
         let (tx, rx) = mpsc::channel();
         let host = hostname::get()
             .map(|h| h.to_string_lossy().into_owned())
@@ -166,7 +161,7 @@ impl Node {
             ip,
             ip_source,
             holder_id,
-            extra_env,
+            extra_env: Vec::new(),
             tx,
             rx,
             pending: VecDeque::new(),
@@ -191,6 +186,11 @@ impl Node {
             watcher: None,
             role,
         }
+    }
+
+    /// Adds variables to Ray's environment (e.g. from preflight).
+    pub fn add_ray_env(&mut self, env: Vec<(String, String)>) {
+        self.extra_env.extend(env);
     }
 
     /// Returns a sender for events (tests and the signal route use it).
