@@ -698,7 +698,7 @@ impl Node {
     }
 
     fn ensure_watch(&mut self) {
-        if self.watcher.is_some() {
+        if self.watcher.is_some() || !self.cfg.file_events {
             return;
         }
         use notify::Watcher;
