@@ -346,3 +346,28 @@ fn worker_waits_with_a_reason_and_restarts_ray_when_it_exits() {
         support::run_bin(&["healthcheck"], &env).status.success()
     });
 }
+
+#[test]
+fn head_steps_down_when_a_higher_generation_takes_over() {
+    let sb = Sandbox::new();
+    let mut a = Agent::start(&sb, "a", &sb.env("a", "head"));
+    a.wait_for("publishes", Duration::from_secs(10), |_| {
+        sb.record().is_some()
+    });
+    let ray_pid = sb.ray_starts("a")[0]["pid"].as_i64().unwrap();
+    // Another head claims generation 2 and publishes.
+    let epochs = sb.shared().join("ray/discovery/argus-ray/epochs");
+    assert!(argus_discovery::claim_generation(&epochs, 2, "other").unwrap());
+    let _other = FakeHead::start(&sb, record("127.0.0.8", 5000, "other", 2, 1));
+    a.wait_for("standby", Duration::from_secs(10), |a| {
+        a.state() == "standby"
+    });
+    assert!(!alive(ray_pid), "fenced head kept its ray");
+    assert!(a.log().contains("stepping down"), "{}", a.log());
+    std::thread::sleep(Duration::from_secs(1));
+    let r = sb.record().unwrap();
+    assert_eq!(
+        r["generation"], 2,
+        "fenced head overwrote the new head: {r}"
+    );
+}
