@@ -13,7 +13,9 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use argus_discovery::claim::{self, epochs_dir};
@@ -139,6 +141,8 @@ pub struct Node {
     record_error: Option<String>,
     next_poll: Instant,
     watcher: Option<notify::RecommendedWatcher>,
+    /// A file-event hint is queued and not yet handled.
+    event_pending: Arc<AtomicBool>,
     role: RoleState,
 }
 
@@ -184,6 +188,7 @@ impl Node {
             record_error: None,
             next_poll: now,
             watcher: None,
+            event_pending: Arc::new(AtomicBool::new(false)),
             role,
         }
     }
@@ -251,6 +256,7 @@ impl Node {
             },
             Event::RayExited { run, exit } => self.on_ray_exit(run, exit),
             Event::FileChanged => {
+                self.event_pending.store(false, Ordering::Release);
                 self.next_poll = Instant::now();
             }
         }
@@ -710,15 +716,21 @@ impl Node {
         }
         let name = self.cfg.head_file.file_name().map(|n| n.to_os_string());
         let tx = self.tx.clone();
+        let pending = self.event_pending.clone();
         let handler = move |res: notify::Result<notify::Event>| {
-            if let Ok(ev) = res {
-                if ev
-                    .paths
-                    .iter()
-                    .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
-                {
-                    let _ = tx.send(Event::FileChanged);
-                }
+            let Ok(ev) = res else { return };
+            // Our own reads raise open/access events: reacting to them would
+            // be a feedback loop that floods the event queue.
+            if matches!(ev.kind, notify::EventKind::Access(_)) {
+                return;
+            }
+            let ours = ev
+                .paths
+                .iter()
+                .any(|p| p.file_name().map(|n| n.to_os_string()) == name);
+            // At most one hint waits in the queue, however many events come.
+            if ours && !pending.swap(true, Ordering::AcqRel) {
+                let _ = tx.send(Event::FileChanged);
             }
         };
         match notify::recommended_watcher(handler) {
