@@ -215,20 +215,24 @@ fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
     worker.wait_for("worker joins", Duration::from_secs(60), |w| {
         w.state() == "running"
     });
-    let (nodes, _) = wait_nodes(
-        &gcs,
-        &["127.0.0.2", "127.0.0.3"],
-        &[],
-        Duration::from_secs(120),
-        Ask::Driver,
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e}\n--- head ---\n{}\n--- worker ---\n{}",
-            head.log(),
-            worker.log()
+    // Both nodes alive in ray.nodes() from a driver (panics with both logs).
+    let both_alive = |head: &Agent, worker: &Agent| {
+        wait_nodes(
+            &gcs,
+            &["127.0.0.2", "127.0.0.3"],
+            &[],
+            Duration::from_secs(120),
+            Ask::Driver,
         )
-    });
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\n--- head ---\n{}\n--- worker ---\n{}",
+                head.log(),
+                worker.log()
+            )
+        })
+    };
+    let (nodes, _) = both_alive(&head, &worker);
     eprintln!("both nodes alive: {nodes:?}");
 
     // 1. SIGKILL the worker's raylet: the worker rejoins.
@@ -303,20 +307,7 @@ fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
         worker.log()
     );
     // And in ray.nodes() from a driver, once the head's raylet is up too.
-    let (nodes, _) = wait_nodes(
-        &gcs,
-        &["127.0.0.2", "127.0.0.3"],
-        &[],
-        Duration::from_secs(120),
-        Ask::Driver,
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e}\n--- head ---\n{}\n--- worker ---\n{}",
-            head.log(),
-            worker.log()
-        )
-    });
+    let (nodes, _) = both_alive(&head, &worker);
     eprintln!(
         "driver sees after gcs restart {:?}: {nodes:?}",
         published.elapsed()

@@ -346,3 +346,66 @@ fn worker_waits_with_a_reason_and_restarts_ray_when_it_exits() {
         support::run_bin(&["healthcheck"], &env).status.success()
     });
 }
+
+#[test]
+fn head_steps_down_when_a_higher_generation_takes_over() {
+    let sb = Sandbox::new();
+    let mut a = Agent::start(&sb, "a", &sb.env("a", "head"));
+    a.wait_for("publishes", Duration::from_secs(10), |_| {
+        sb.record().is_some()
+    });
+    let ray_pid = sb.ray_starts("a")[0]["pid"].as_i64().unwrap();
+    // Another head claims generation 2 and publishes.
+    let epochs = sb.shared().join("ray/discovery/argus-ray/epochs");
+    assert!(argus_discovery::claim_generation(&epochs, 2, "other").unwrap());
+    let _other = FakeHead::start(&sb, record("127.0.0.8", 5000, "other", 2, 1));
+    a.wait_for("standby", Duration::from_secs(10), |a| {
+        a.state() == "standby"
+    });
+    assert!(!alive(ray_pid), "fenced head kept its ray");
+    assert!(a.log().contains("stepping down"), "{}", a.log());
+    std::thread::sleep(Duration::from_secs(1));
+    let r = sb.record().unwrap();
+    assert_eq!(
+        r["generation"], 2,
+        "fenced head overwrote the new head: {r}"
+    );
+}
+
+/// CPU time (user + system) of `pid` in seconds.
+fn cpu_seconds(pid: i32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = stat.rsplit_once(')').unwrap().1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// Regression: the worker's own reads of head.json raised inotify open and
+/// access events, each of which triggered another read: a busy loop that
+/// flooded the event queue and delayed SIGTERM handling.
+#[test]
+fn worker_file_events_do_not_feed_back_into_a_busy_loop() {
+    let sb = Sandbox::new();
+    let _head = FakeHead::start(&sb, record("127.0.0.5", 4000, "i1", 1, 1));
+    let mut env = sb.env("w", "worker");
+    env.insert("ARGUS_FILE_EVENTS".into(), "on".into());
+    let mut w = Agent::start(&sb, "w", &env);
+    w.wait_for("join", Duration::from_secs(5), |_| {
+        !sb.ray_starts("w").is_empty()
+    });
+    let before = cpu_seconds(w.pid());
+    std::thread::sleep(Duration::from_secs(3));
+    let used = cpu_seconds(w.pid()) - before;
+    assert!(
+        used < 0.5,
+        "worker agent used {used:.2}s of CPU in 3 s while idle"
+    );
+    w.signal(libc::SIGTERM);
+    let (st, took) = w.wait_exit(Duration::from_secs(10)).expect("exit");
+    assert_eq!(st.code(), Some(0));
+    assert!(
+        took < Duration::from_secs(3),
+        "SIGTERM handled after {took:?}"
+    );
+}

@@ -307,3 +307,47 @@ fn a_missing_ray_binary_is_a_crash_loop_not_a_busy_loop() {
         Some(0)
     );
 }
+
+#[test]
+fn json_logs_go_to_stderr_and_the_log_folder_and_status_shows_the_node() {
+    let sb = Sandbox::new();
+    let mut env = sb.env("j", "head");
+    env.insert("ARGUS_LOG_FORMAT".into(), "json".into());
+    let mut a = Agent::start(&sb, "j", &env);
+    a.wait_for("running", Duration::from_secs(10), |a| {
+        a.state() == "running"
+    });
+    let log = a.log();
+    let first = log.lines().next().expect("a log line");
+    let v: serde_json::Value =
+        serde_json::from_str(first).unwrap_or_else(|e| panic!("{e}: {first}"));
+    assert!(v["fields"]["message"].is_string(), "{v}");
+    let files: Vec<_> = Sandbox::files_under(&sb.path().join("logs-j"))
+        .into_iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "log"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(std::fs::read_to_string(&files[0])
+        .unwrap()
+        .contains("node agent started"));
+    let mut q = std::collections::BTreeMap::new();
+    q.insert(
+        "ARGUS_STATE_DIR".to_string(),
+        env["ARGUS_STATE_DIR"].clone(),
+    );
+    let out = run_bin(&["status", "--json"], &q);
+    assert!(out.status.success());
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["role"], "head");
+    assert_eq!(st["node_ip_source"], "ARGUS_NODE_IP");
+    assert!(st["ray_pid"].as_u64().is_some());
+    let text = run_bin(&["status"], &q);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("state:         running"));
+    a.signal(libc::SIGTERM);
+    a.wait_exit(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        run_bin(&["healthcheck"], &q).status.code(),
+        Some(1),
+        "stopped node reported healthy"
+    );
+}

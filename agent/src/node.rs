@@ -13,7 +13,9 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use argus_discovery::claim::{self, epochs_dir};
@@ -139,17 +141,14 @@ pub struct Node {
     record_error: Option<String>,
     next_poll: Instant,
     watcher: Option<notify::RecommendedWatcher>,
+    /// A file-event hint is queued and not yet handled.
+    event_pending: Arc<AtomicBool>,
     role: RoleState,
 }
 
 impl Node {
-    /// Creates the node; `extra_env` goes into Ray's environment.
-    pub fn new(
-        cfg: Config,
-        ip: IpAddr,
-        ip_source: IpSource,
-        extra_env: Vec<(String, String)>,
-    ) -> Self {
+    /// Creates the node.
+    pub fn new(cfg: Config, ip: IpAddr, ip_source: IpSource) -> Self {
         let (tx, rx) = mpsc::channel();
         let host = hostname::get()
             .map(|h| h.to_string_lossy().into_owned())
@@ -166,7 +165,7 @@ impl Node {
             ip,
             ip_source,
             holder_id,
-            extra_env,
+            extra_env: Vec::new(),
             tx,
             rx,
             pending: VecDeque::new(),
@@ -189,8 +188,14 @@ impl Node {
             record_error: None,
             next_poll: now,
             watcher: None,
+            event_pending: Arc::new(AtomicBool::new(false)),
             role,
         }
+    }
+
+    /// Adds variables to Ray's environment (e.g. from preflight).
+    pub fn add_ray_env(&mut self, env: Vec<(String, String)>) {
+        self.extra_env.extend(env);
     }
 
     /// Returns a sender for events (tests and the signal route use it).
@@ -251,6 +256,7 @@ impl Node {
             },
             Event::RayExited { run, exit } => self.on_ray_exit(run, exit),
             Event::FileChanged => {
+                self.event_pending.store(false, Ordering::Release);
                 self.next_poll = Instant::now();
             }
         }
@@ -698,7 +704,7 @@ impl Node {
     }
 
     fn ensure_watch(&mut self) {
-        if self.watcher.is_some() {
+        if self.watcher.is_some() || !self.cfg.file_events {
             return;
         }
         use notify::Watcher;
@@ -710,15 +716,21 @@ impl Node {
         }
         let name = self.cfg.head_file.file_name().map(|n| n.to_os_string());
         let tx = self.tx.clone();
+        let pending = self.event_pending.clone();
         let handler = move |res: notify::Result<notify::Event>| {
-            if let Ok(ev) = res {
-                if ev
-                    .paths
-                    .iter()
-                    .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
-                {
-                    let _ = tx.send(Event::FileChanged);
-                }
+            let Ok(ev) = res else { return };
+            // Our own reads raise open/access events: reacting to them would
+            // be a feedback loop that floods the event queue.
+            if matches!(ev.kind, notify::EventKind::Access(_)) {
+                return;
+            }
+            let ours = ev
+                .paths
+                .iter()
+                .any(|p| p.file_name().map(|n| n.to_os_string()) == name);
+            // At most one hint waits in the queue, however many events come.
+            if ours && !pending.swap(true, Ordering::AcqRel) {
+                let _ = tx.send(Event::FileChanged);
             }
         };
         match notify::recommended_watcher(handler) {

@@ -20,7 +20,7 @@ pub mod smi;
 pub mod triton;
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -739,15 +739,10 @@ pub fn host_name() -> String {
 /// Writes `v` to `<log_dir>/preflight/<host>.json` atomically (tempfile in
 /// the same folder, fsync, rename, fsync of the folder); returns the path.
 pub fn write_verdict(log_dir: &Path, v: &Verdict) -> io::Result<PathBuf> {
-    let dir = log_dir.join("preflight");
-    std::fs::create_dir_all(&dir)?;
-    let path = dir.join(format!("{}.json", v.host));
-    let mut tmp = tempfile::NamedTempFile::new_in(&dir)?;
-    serde_json::to_writer_pretty(&mut tmp, v)?;
-    tmp.write_all(b"\n")?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(&path).map_err(|e| e.error)?;
-    std::fs::File::open(&dir)?.sync_all()?;
+    let path = log_dir.join("preflight").join(format!("{}.json", v.host));
+    let mut bytes = serde_json::to_vec_pretty(v)?;
+    bytes.push(b'\n');
+    argus_discovery::publish(&path, &bytes).map_err(io::Error::other)?;
     Ok(path)
 }
 

@@ -1,7 +1,7 @@
 //! `argus-agent` / `argus-agent run`: the node.
 
 use argus::config::Config;
-use argus::node::Node;
+use argus::node::{Event, Node};
 use tracing::{info, warn};
 
 use crate::logging;
@@ -42,7 +42,23 @@ pub fn run() -> u8 {
         tracing::error!(dir = %cfg.state_dir.display(), error = %e, "cannot create the state folder (ARGUS_STATE_DIR)");
         return 1;
     }
-    let extra_env = Vec::new();
-    let code = Node::new(cfg, ip, source, extra_env).run();
+    // Signals that arrive during preflight or the hook wait in the node's
+    // queue; a SIGTERM then stops the node before Ray ever starts.
+    let mut node = Node::new(cfg.clone(), ip, source);
+    let events = node.events();
+    argus::supervise::reaper::route_signals(move |sig| events.send(Event::Signal(sig)).is_ok());
+    let outcome = match argus::preflight::gate(&cfg) {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!("{e}");
+            return e.exit_code();
+        }
+    };
+    if let Err(e) = argus::hook::run_prestart(&cfg) {
+        tracing::error!("{e}");
+        return e.exit_code();
+    }
+    node.add_ray_env(outcome.env);
+    let code = node.run();
     code.clamp(0, 255) as u8
 }
