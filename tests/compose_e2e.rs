@@ -503,9 +503,6 @@ fn compose_cluster_comes_up_and_heals_from_node_faults() {
 /// Issue 5 §2, last item: `docker stop` of a worker exits 0 within 10 s and
 /// leaves nothing behind.
 #[test]
-#[ignore = "blocked by an agent bug: the worker's head.json watcher reacts to its own reads \
-(notify Access events -> FileChanged -> poll -> read ...), the event queue grows without \
-bound and SIGTERM waits behind it, so docker stop ends in SIGKILL (exit 137 after 10 s)"]
 fn compose_worker_stops_cleanly_on_docker_stop() {
     elapsed_since_start();
     require_docker();
