@@ -1,0 +1,183 @@
+//! The janitor (SPEC R-SHIM-4): removes the containers the shim created when
+//! their shim is gone, and all of them when the node stops.
+//!
+//! Every container carries the owner (the Ray container's id, or `host`)
+//! and, unless detached, the shim's pid and process start time, so a reused
+//! pid is not taken for a live shim. The node agent calls
+//! [`sweep_blocking`]; each `podman run` also sweeps at its start, and a
+//! per-run watchdog sweeps the containers of a shim that was SIGKILLed.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bollard::models::ContainerSummaryStateEnum;
+use bollard::query_parameters::ListContainersOptionsBuilder;
+use bollard::Docker;
+
+use super::docker::{self, process_start};
+use super::runner::remove;
+use super::translate::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
+use super::ShimError;
+
+/// What a sweep removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JanitorScope {
+    /// Containers of this owner whose shim process is gone and that are
+    /// still running (or created), or were meant to be removed (`--rm`).
+    DeadShims,
+    /// Every container of this owner (the node stops).
+    AllOwned,
+}
+
+/// A container as the janitor sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub id: String,
+    pub pid: Option<u32>,
+    pub start: Option<u64>,
+    pub rm: bool,
+    pub exited: bool,
+}
+
+impl Seen {
+    fn from_labels(id: String, labels: &HashMap<String, String>, exited: bool) -> Seen {
+        Seen {
+            id,
+            pid: labels.get(LABEL_PID).and_then(|p| p.parse().ok()),
+            start: labels.get(LABEL_START).and_then(|p| p.parse().ok()),
+            rm: labels.get(LABEL_RM).is_some_and(|v| v == "1"),
+            exited,
+        }
+    }
+}
+
+/// Returns true if and only if the sweep must remove `c`. `alive(pid,
+/// start)` tells whether that shim process still runs.
+pub fn doomed(scope: JanitorScope, c: &Seen, alive: impl Fn(u32, Option<u64>) -> bool) -> bool {
+    match scope {
+        JanitorScope::AllOwned => true,
+        // Exited containers of a finished non-`--rm` run are kept, like
+        // podman keeps them; detached ones carry no pid.
+        JanitorScope::DeadShims => c.pid.is_some_and(|pid| !alive(pid, c.start) && (c.rm || !c.exited)),
+    }
+}
+
+/// Returns true if and only if process `pid` runs and started at `start`.
+pub fn shim_alive(pid: u32, start: Option<u64>) -> bool {
+    match (process_start(pid), start) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(s), Some(want)) => s == want,
+    }
+}
+
+async fn list(docker: &Docker, label: String) -> Result<Vec<Seen>, ShimError> {
+    let filters = HashMap::from([("label".to_string(), vec![label])]);
+    let opts = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
+    let list = docker.list_containers(Some(opts)).await.map_err(ShimError::docker("list containers"))?;
+    Ok(list
+        .into_iter()
+        .map(|c| {
+            let exited = matches!(c.state, Some(ContainerSummaryStateEnum::EXITED) | Some(ContainerSummaryStateEnum::DEAD));
+            Seen::from_labels(c.id.unwrap_or_default(), &c.labels.unwrap_or_default(), exited)
+        })
+        .collect())
+}
+
+/// Sweeps the containers of `owner`; returns how many it removed.
+pub async fn sweep(docker: &Docker, owner: &str, scope: JanitorScope) -> Result<usize, ShimError> {
+    let mut n = 0;
+    for c in list(docker, format!("{LABEL_OWNER}={owner}")).await? {
+        if doomed(scope, &c, shim_alive) {
+            tracing::info!(id = %c.id, pid = ?c.pid, ?scope, "removing container of the podman shim");
+            remove(docker, &c.id).await;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Removes the containers of the shim `pid` that started at `start` (the
+/// watchdog's sweep after that shim died).
+pub async fn sweep_shim(docker: &Docker, pid: u32, start: u64) -> Result<usize, ShimError> {
+    let mut n = 0;
+    for c in list(docker, format!("{LABEL_PID}={pid}")).await? {
+        if c.start == Some(start) {
+            remove(docker, &c.id).await;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Sweeps from synchronous code (the node agent). Returns Ok(0) at once when
+/// the daemon's unix socket does not exist: nodes without Docker must not
+/// fail.
+pub fn sweep_blocking(scope: JanitorScope) -> anyhow::Result<usize> {
+    sweep_blocking_at(&docker::address(), scope)
+}
+
+/// [`sweep_blocking`] against the daemon at `addr`.
+pub fn sweep_blocking_at(addr: &str, scope: JanitorScope) -> anyhow::Result<usize> {
+    if let Some(path) = docker::socket_path(addr) {
+        if !Path::new(path).exists() {
+            return Ok(0);
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("failed to start a runtime for the janitor")?;
+    rt.block_on(async {
+        let work = async {
+            let docker = docker::connect_to(addr).await?;
+            let me = docker::whoami(&docker).await?;
+            sweep(&docker, &docker::owner_of(me.as_ref()), scope).await
+        };
+        tokio::time::timeout(Duration::from_secs(30), work)
+            .await
+            .with_context(|| format!("janitor sweep of {addr} timed out"))?
+            .with_context(|| format!("janitor sweep of {addr} failed"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(pid: Option<u32>, rm: bool, exited: bool) -> Seen {
+        Seen { id: "c".into(), pid, start: Some(1), rm, exited }
+    }
+
+    #[test]
+    fn dead_shims_lose_running_and_rm_containers_only() {
+        let dead = |_: u32, _: Option<u64>| false;
+        let live = |_: u32, _: Option<u64>| true;
+        let s = JanitorScope::DeadShims;
+        assert!(doomed(s, &seen(Some(1), false, false), dead));
+        assert!(doomed(s, &seen(Some(1), true, true), dead));
+        assert!(!doomed(s, &seen(Some(1), false, true), dead), "a finished run without --rm is kept");
+        assert!(!doomed(s, &seen(Some(1), true, false), live));
+        assert!(!doomed(s, &seen(None, true, false), dead), "detached containers have no shim");
+        assert!(doomed(JanitorScope::AllOwned, &seen(None, false, true), live));
+    }
+
+    #[test]
+    fn reused_pid_is_not_a_live_shim() {
+        let me = std::process::id();
+        let start = process_start(me);
+        assert!(shim_alive(me, start));
+        assert!(!shim_alive(me, start.map(|s| s + 1)));
+        assert!(!shim_alive(u32::MAX, None));
+    }
+
+    #[test]
+    fn no_socket_means_nothing_to_sweep() {
+        let t = std::time::Instant::now();
+        let n = sweep_blocking_at("unix:///nonexistent/docker.sock", JanitorScope::AllOwned).unwrap();
+        assert_eq!(n, 0);
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
+}
