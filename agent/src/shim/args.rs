@@ -696,7 +696,7 @@ pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn s(v: &[&str]) -> Vec<String> {

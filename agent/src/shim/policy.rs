@@ -60,11 +60,10 @@ impl Policy {
     pub fn image_allowed(&self, image: &str) -> bool {
         let Some(list) = &self.allowed_images else { return true };
         let forms = image_forms(image);
-        list.iter().any(|pat| {
-            forms.iter().any(|f| match pat.strip_suffix('*') {
-                Some(prefix) => f.starts_with(prefix),
-                None => f == pat || f.strip_suffix(":latest") == Some(pat.as_str()),
-            })
+        let full = canonical(image);
+        list.iter().any(|pat| match pat.strip_suffix('*') {
+            Some(prefix) => forms.iter().any(|f| f.starts_with(prefix)),
+            None => canonical(pat) == full,
         })
     }
 
@@ -127,6 +126,19 @@ impl Policy {
             return Some("docker-data");
         }
         None
+    }
+}
+
+/// Returns the fully qualified form of an image reference, with the
+/// registry and the default `latest` tag (`ubuntu` ->
+/// `docker.io/library/ubuntu:latest`).
+pub fn canonical(image: &str) -> String {
+    let full = image_forms(image).pop().unwrap_or_default();
+    let last = full.rsplit('/').next().unwrap_or("");
+    if full.contains('@') || last.contains(':') {
+        full
+    } else {
+        format!("{full}:latest")
     }
 }
 
