@@ -24,8 +24,8 @@ use super::ShimError;
 /// What a sweep removes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JanitorScope {
-    /// Containers of this owner whose shim process is gone and that are
-    /// still running (or created), or were meant to be removed (`--rm`).
+    /// Containers of this owner whose shim process is gone (running or
+    /// not; detached containers have no shim and are kept).
     DeadShims,
     /// Every container of this owner (the node stops).
     AllOwned,
@@ -58,9 +58,10 @@ impl Seen {
 pub fn doomed(scope: JanitorScope, c: &Seen, alive: impl Fn(u32, Option<u64>) -> bool) -> bool {
     match scope {
         JanitorScope::AllOwned => true,
-        // Exited containers of a finished non-`--rm` run are kept, like
-        // podman keeps them; detached ones carry no pid.
-        JanitorScope::DeadShims => c.pid.is_some_and(|pid| !alive(pid, c.start) && (c.rm || !c.exited)),
+        // Also exited containers of a finished run without `--rm`: Ray's
+        // worker command has no `--rm`, and nothing reads them afterwards.
+        // Detached containers carry no pid and are kept.
+        JanitorScope::DeadShims => c.pid.is_some_and(|pid| !alive(pid, c.start)),
     }
 }
 
@@ -152,13 +153,13 @@ mod tests {
     }
 
     #[test]
-    fn dead_shims_lose_running_and_rm_containers_only() {
+    fn dead_shims_lose_their_containers_detached_ones_stay() {
         let dead = |_: u32, _: Option<u64>| false;
         let live = |_: u32, _: Option<u64>| true;
         let s = JanitorScope::DeadShims;
         assert!(doomed(s, &seen(Some(1), false, false), dead));
         assert!(doomed(s, &seen(Some(1), true, true), dead));
-        assert!(!doomed(s, &seen(Some(1), false, true), dead), "a finished run without --rm is kept");
+        assert!(doomed(s, &seen(Some(1), false, true), dead), "a finished worker without --rm goes too");
         assert!(!doomed(s, &seen(Some(1), true, false), live));
         assert!(!doomed(s, &seen(None, true, false), dead), "detached containers have no shim");
         assert!(doomed(JanitorScope::AllOwned, &seen(None, false, true), live));
