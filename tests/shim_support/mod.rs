@@ -69,11 +69,23 @@ fn fnv(data: &[u8], mut h: u64) -> u64 {
     h
 }
 
-const LIBS: &[&str] = &[
-    "/lib/x86_64-linux-gnu/libc.so.6",
-    "/lib/x86_64-linux-gnu/libgcc_s.so.1",
-    "/lib64/ld-linux-x86-64.so.2",
-];
+/// Returns the shared libraries the argus-agent binary needs (from `ldd`),
+/// so the image can run it.
+fn libs() -> Vec<String> {
+    let o = Command::new("ldd").arg(BIN).output().expect("ldd");
+    assert!(o.status.success(), "ldd {BIN}:\n{}", show(&o));
+    stdout(&o)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let path = match l.split_once("=> ") {
+                Some((_, rest)) => rest.split(' ').next()?,
+                None => l.split(' ').next()?,
+            };
+            path.starts_with('/').then(|| path.to_string())
+        })
+        .collect()
+}
 
 /// Returns the tag of the test image, building it once if it is missing.
 pub fn image() -> &'static str {
@@ -82,7 +94,8 @@ pub fn image() -> &'static str {
         require_docker();
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/shim/tool.rs");
         let mut h = fnv(&std::fs::read(&src).expect("tool.rs"), 0xcbf29ce484222325);
-        for l in LIBS {
+        let libs = libs();
+        for l in &libs {
             h = fnv(&std::fs::read(l).unwrap_or_else(|e| panic!("{l}: {e}")), h);
         }
         let tag = format!("argus-shim-test:{:012x}", h & 0xffff_ffff_ffff);
@@ -105,8 +118,10 @@ pub fn image() -> &'static str {
         assert!(o.status.success(), "cannot compile the test tool:\n{}", show(&o));
         std::fs::copy(&tool, dir.join("usr/bin/python")).unwrap();
         std::fs::copy(&tool, dir.join("bin/true")).unwrap();
-        for l in LIBS {
-            std::fs::copy(l, dir.join(l.trim_start_matches('/'))).unwrap();
+        for l in &libs {
+            let to = dir.join(l.trim_start_matches('/'));
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(l, &to).unwrap_or_else(|e| panic!("{l}: {e}"));
         }
         std::fs::write(dir.join("Dockerfile"), "FROM scratch\nCOPY . /\n").unwrap();
         let o = Command::new("docker").args(["build", "-q", "-t", &tag]).arg(&dir).output().unwrap();
