@@ -13,11 +13,24 @@ use shim_support::*;
 #[test]
 fn run_relays_stdout_stderr_and_the_exit_code() {
     let img = image();
-    let o = output(&mut podman(&["run", "--rm", img, "/bin/tool", "echo", "to-out", "to-err", "3"]));
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        img,
+        "/bin/tool",
+        "echo",
+        "to-out",
+        "to-err",
+        "3",
+    ]));
     assert_eq!(o.status.code(), Some(3), "{}", show(&o));
     assert_eq!(stdout(&o), "to-out", "{}", show(&o));
     assert!(stderr(&o).contains("to-err"), "{}", show(&o));
-    assert!(!stdout(&o).contains("to-err"), "stderr leaked into stdout: {}", show(&o));
+    assert!(
+        !stdout(&o).contains("to-err"),
+        "stderr leaked into stdout: {}",
+        show(&o)
+    );
 }
 
 #[test]
@@ -29,7 +42,12 @@ fn run_feeds_stdin_and_half_closes_it_at_eof() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"line one\nline two\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"line one\nline two\n")
+        .unwrap();
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     assert_eq!(stdout(&o), "line one\nline two\neof\n", "{}", show(&o));
@@ -46,10 +64,25 @@ fn run_exit_codes_for_the_shims_own_failures() {
     assert_eq!(o.status.code(), Some(125), "{}", show(&o));
     assert!(stderr(&o).contains("--no-such-flag"), "{}", show(&o));
     // No registry here: a missing image is pulled, the pull fails, 125.
-    let o = output(&mut podman(&["run", "--rm", "argus-shim-test:does-not-exist", "true"]));
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        "argus-shim-test:does-not-exist",
+        "true",
+    ]));
     assert_eq!(o.status.code(), Some(125), "{}", show(&o));
-    assert!(stderr(&o).contains("argus-shim-test:does-not-exist"), "{}", show(&o));
-    let o = output(&mut podman(&["run", "--rm", "--pull=never", "argus-shim-test:does-not-exist", "true"]));
+    assert!(
+        stderr(&o).contains("argus-shim-test:does-not-exist"),
+        "{}",
+        show(&o)
+    );
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        "--pull=never",
+        "argus-shim-test:does-not-exist",
+        "true",
+    ]));
     assert_eq!(o.status.code(), Some(125), "{}", show(&o));
     assert!(stderr(&o).contains("--pull=never"), "{}", show(&o));
 }
@@ -67,14 +100,21 @@ fn run_forwards_sigterm_to_the_container() {
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert_eq!(line, "ready\n");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
     let status = child.wait().unwrap();
     assert_eq!(rest, "got-term\n");
     // The container's own exit code, not a signal death of the shim.
     assert_eq!(status.code(), Some(42));
-    assert!(containers_with(&label).is_empty(), "--rm left the container");
+    assert!(
+        containers_with(&label).is_empty(),
+        "--rm left the container"
+    );
 }
 
 #[test]
@@ -82,12 +122,24 @@ fn run_rm_removes_the_container_and_cidfile_names_it() {
     let img = image();
     let label = unique("rm");
     let cid = std::env::temp_dir().join(format!("{label}.cid"));
-    let o = output(&mut podman(&["run", "--rm", "--label", &label, "--cidfile", cid.to_str().unwrap(), img, "true"]));
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        "--label",
+        &label,
+        "--cidfile",
+        cid.to_str().unwrap(),
+        img,
+        "true",
+    ]));
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let id = std::fs::read_to_string(&cid).unwrap();
     assert_eq!(id.len(), 64);
     let _ = std::fs::remove_file(&cid);
-    assert!(containers_with(&label).is_empty(), "--rm left the container");
+    assert!(
+        containers_with(&label).is_empty(),
+        "--rm left the container"
+    );
     assert!(!docker(&["inspect", &id]).status.success());
 }
 
@@ -95,7 +147,15 @@ fn run_rm_removes_the_container_and_cidfile_names_it() {
 fn detached_run_and_the_other_subcommands() {
     let img = image();
     let name = unique("detached");
-    let o = output(&mut podman(&["run", "-d", "--name", &name, img, "/bin/tool", "trap"]));
+    let o = output(&mut podman(&[
+        "run",
+        "-d",
+        "--name",
+        &name,
+        img,
+        "/bin/tool",
+        "trap",
+    ]));
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let id = stdout(&o).trim().to_string();
     assert_eq!(id.len(), 64, "{}", show(&o));
@@ -103,13 +163,35 @@ fn detached_run_and_the_other_subcommands() {
 
     let o = output(&mut podman(&["container", "exists", &name]));
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    let o = output(&mut podman(&["inspect", "--format", "{{.State.Status}} {{.Name}}", &name]));
-    assert_eq!(stdout(&o).trim(), format!("running /{name}"), "{}", show(&o));
+    let o = output(&mut podman(&[
+        "inspect",
+        "--format",
+        "{{.State.Status}} {{.Name}}",
+        &name,
+    ]));
+    assert_eq!(
+        stdout(&o).trim(),
+        format!("running /{name}"),
+        "{}",
+        show(&o)
+    );
     let o = output(&mut podman(&["ps", "--format", "json"]));
-    let ps: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
-    assert!(ps.as_array().unwrap().iter().any(|c| c["Id"] == id.as_str()), "{}", show(&o));
+    let ps: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
+    assert!(
+        ps.as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["Id"] == id.as_str()),
+        "{}",
+        show(&o)
+    );
     let o = output(&mut podman(&["ps", "-q"]));
-    assert!(stdout(&o).lines().any(|l| id.starts_with(l)), "{}", show(&o));
+    assert!(
+        stdout(&o).lines().any(|l| id.starts_with(l)),
+        "{}",
+        show(&o)
+    );
 
     // Logs once the container printed "ready".
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -122,13 +204,28 @@ fn detached_run_and_the_other_subcommands() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let o = output(&mut podman(&["kill", "-s", "TERM", &name]));
-    assert_eq!((o.status.code(), stdout(&o)), (Some(0), format!("{name}\n")), "{}", show(&o));
+    assert_eq!(
+        (o.status.code(), stdout(&o)),
+        (Some(0), format!("{name}\n")),
+        "{}",
+        show(&o)
+    );
     let o = output(&mut podman(&["stop", "-t", "1", &name]));
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    let o = output(&mut podman(&["inspect", "--format", "{{.State.ExitCode}}", &name]));
+    let o = output(&mut podman(&[
+        "inspect",
+        "--format",
+        "{{.State.ExitCode}}",
+        &name,
+    ]));
     assert_eq!(stdout(&o).trim(), "42", "{}", show(&o));
     let o = output(&mut podman(&["rm", &name]));
-    assert_eq!((o.status.code(), stdout(&o)), (Some(0), format!("{name}\n")), "{}", show(&o));
+    assert_eq!(
+        (o.status.code(), stdout(&o)),
+        (Some(0), format!("{name}\n")),
+        "{}",
+        show(&o)
+    );
     let o = output(&mut podman(&["container", "exists", &name]));
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     let o = output(&mut podman(&["rm", &name]));
@@ -141,14 +238,28 @@ fn detached_run_and_the_other_subcommands() {
     let o = output(&mut podman(&["image", "exists", "argus-shim-test:nope"]));
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     let o = output(&mut podman(&["image", "inspect", img]));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
-    assert!(!v[0]["Id"].as_str().unwrap().starts_with("sha256:"), "{}", show(&o));
-    let o = output(&mut podman(&["images", "--format", "{{.Id}} {{json .RepoTags}}"]));
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
+    assert!(
+        !v[0]["Id"].as_str().unwrap().starts_with("sha256:"),
+        "{}",
+        show(&o)
+    );
+    let o = output(&mut podman(&[
+        "images",
+        "--format",
+        "{{.Id}} {{json .RepoTags}}",
+    ]));
     assert!(stdout(&o).contains(img), "{}", show(&o));
     let o = output(&mut podman(&["version", "--format", "json"]));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
     assert_eq!(v["Client"]["Version"], "4.9.3");
-    let o = output(&mut podman(&["info", "--format", "{{.host.cgroupManager}}"]));
+    let o = output(&mut podman(&[
+        "info",
+        "--format",
+        "{{.host.cgroupManager}}",
+    ]));
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let o = output(&mut podman(&["--version"]));
     assert_eq!(stdout(&o), "podman version 4.9.3\n");
@@ -172,12 +283,19 @@ fn subcommands_refuse_containers_the_shim_does_not_own() {
     let o = docker(&["create", "--name", &name, img, "true"]);
     assert!(o.status.success(), "{}", show(&o));
     let _g = scopeguard(vec![name.clone()]);
-    for args in [vec!["rm", "-f", &name], vec!["kill", &name], vec!["logs", &name]] {
+    for args in [
+        vec!["rm", "-f", &name],
+        vec!["kill", &name],
+        vec!["logs", &name],
+    ] {
         let o = output(&mut podman(&args));
         assert_eq!(o.status.code(), Some(125), "{args:?}: {}", show(&o));
         assert!(stderr(&o).contains("owned-containers-only"), "{}", show(&o));
     }
-    assert!(docker(&["inspect", &name]).status.success(), "a foreign container was removed");
+    assert!(
+        docker(&["inspect", &name]).status.success(),
+        "a foreign container was removed"
+    );
 }
 
 #[test]
@@ -187,7 +305,10 @@ fn each_policy_refusal_is_one_line_125_and_creates_nothing() {
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--privileged"], "no-privileged"),
         (vec!["--cap-add", "ALL"], "no-cap-add-all"),
-        (vec!["-v", "/var/run/docker.sock:/var/run/docker.sock"], "no-docker-socket-bind"),
+        (
+            vec!["-v", "/var/run/docker.sock:/var/run/docker.sock"],
+            "no-docker-socket-bind",
+        ),
         (vec!["-v", "/:/host"], "no-host-root-bind"),
         (vec!["-v", "/etc:/x"], "no-etc-bind"),
         (vec!["-v", "/proc:/x"], "no-proc-bind"),
@@ -203,16 +324,36 @@ fn each_policy_refusal_is_one_line_125_and_creates_nothing() {
         assert_eq!(o.status.code(), Some(125), "{flags:?}: {}", show(&o));
         let err = stderr(&o);
         assert_eq!(err.lines().count(), 1, "{flags:?}: {}", show(&o));
-        assert!(err.contains(rule), "{flags:?} should name {rule}: {}", show(&o));
+        assert!(
+            err.contains(rule),
+            "{flags:?} should name {rule}: {}",
+            show(&o)
+        );
     }
     // The allow-list, and the relax switch.
-    let o = output(podman(&["run", "--rm", "--label", &label, img, "true"]).env("ARGUS_SHIM_ALLOWED_IMAGES", "registry.local/*"));
+    let o = output(
+        podman(&["run", "--rm", "--label", &label, img, "true"])
+            .env("ARGUS_SHIM_ALLOWED_IMAGES", "registry.local/*"),
+    );
     assert_eq!(o.status.code(), Some(125), "{}", show(&o));
     assert!(stderr(&o).contains("allowed-images"), "{}", show(&o));
-    let o = output(podman(&["run", "--rm", "--label", &label, img, "true"]).env("ARGUS_SHIM_ALLOWED_IMAGES", "argus-shim-test:*"));
+    let o = output(
+        podman(&["run", "--rm", "--label", &label, img, "true"])
+            .env("ARGUS_SHIM_ALLOWED_IMAGES", "argus-shim-test:*"),
+    );
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let o = output(
-        podman(&["run", "--rm", "--label", &label, "-v", "/etc:/hostetc:ro", img, "true"]).env("ARGUS_SHIM_POLICY", "relaxed"),
+        podman(&[
+            "run",
+            "--rm",
+            "--label",
+            &label,
+            "-v",
+            "/etc:/hostetc:ro",
+            img,
+            "true",
+        ])
+        .env("ARGUS_SHIM_POLICY", "relaxed"),
     );
     assert_eq!(o.status.code(), Some(0), "relaxed policy: {}", show(&o));
     assert!(containers_with(&label).is_empty());
@@ -231,8 +372,11 @@ fn sigkill_of_the_shim_twenty_times_leaves_no_container_after_5s() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(50 + (i * 53) % 700));
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL)
-            .unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
         pids.push(child);
     }
     for mut c in pids {
@@ -241,7 +385,11 @@ fn sigkill_of_the_shim_twenty_times_leaves_no_container_after_5s() {
     std::thread::sleep(Duration::from_secs(5));
     let left = containers_with(&label);
     force_remove(&left);
-    assert!(left.is_empty(), "{} container(s) left 5 s after SIGKILL of their shims: {left:?}", left.len());
+    assert!(
+        left.is_empty(),
+        "{} container(s) left 5 s after SIGKILL of their shims: {left:?}",
+        left.len()
+    );
 }
 
 /// Runs `argus-agent` as `podman` inside a container of the test image with
@@ -276,9 +424,26 @@ fn inside_a_container_ray_worker_flags_translate_binds_and_share_the_pid_namespa
     let o = inside(
         &[bind],
         &[
-            "/usr/bin/podman", "run", "--rm", "-v", "/tmp/ray:/tmp/ray", "--cgroup-manager=cgroupfs",
-            "--network=host", "--pid=host", "--ipc=host", "--userns=keep-id", "--env", "RAY_JOB_ID=01000000",
-            "--entrypoint", "/bin/tool", img, "then", "/bin/tool", "ps", "--", "/tmp/ray/marker",
+            "/usr/bin/podman",
+            "run",
+            "--rm",
+            "-v",
+            "/tmp/ray:/tmp/ray",
+            "--cgroup-manager=cgroupfs",
+            "--network=host",
+            "--pid=host",
+            "--ipc=host",
+            "--userns=keep-id",
+            "--env",
+            "RAY_JOB_ID=01000000",
+            "--entrypoint",
+            "/bin/tool",
+            img,
+            "then",
+            "/bin/tool",
+            "ps",
+            "--",
+            "/tmp/ray/marker",
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
@@ -287,18 +452,42 @@ fn inside_a_container_ray_worker_flags_translate_binds_and_share_the_pid_namespa
     assert!(out.contains("file:from-the-host"), "{}", show(&o));
     // --pid=host: the engine container sees the caller (PID 1 of the Ray
     // container, here the shim itself).
-    assert!(out.lines().any(|l| l.starts_with("1 /usr/bin/podman run")), "caller PID not visible: {}", show(&o));
+    assert!(
+        out.lines().any(|l| l.starts_with("1 /usr/bin/podman run")),
+        "caller PID not visible: {}",
+        show(&o)
+    );
 
     // Control: without --pid=host the caller is not visible.
-    let o = inside(&[], &["/usr/bin/podman", "run", "--rm", img, "/bin/tool", "ps"]);
+    let o = inside(
+        &[],
+        &["/usr/bin/podman", "run", "--rm", img, "/bin/tool", "ps"],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     assert!(!stdout(&o).contains("podman"), "{}", show(&o));
 
     // Writes through the translated bind reach the host.
     let bind = format!("{}:/data", host_dir.path().display());
-    let o = inside(&[bind], &["/usr/bin/podman", "run", "--rm", "-v", "/data:/out", img, "/bin/tool", "write", "/out/w", "x"]);
+    let o = inside(
+        &[bind],
+        &[
+            "/usr/bin/podman",
+            "run",
+            "--rm",
+            "-v",
+            "/data:/out",
+            img,
+            "/bin/tool",
+            "write",
+            "/out/w",
+            "x",
+        ],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    assert_eq!(std::fs::read_to_string(host_dir.path().join("w")).unwrap(), "x");
+    assert_eq!(
+        std::fs::read_to_string(host_dir.path().join("w")).unwrap(),
+        "x"
+    );
 }
 
 #[test]
@@ -309,15 +498,37 @@ fn inside_a_container_the_worker_path_probe_is_copied_in_and_back() {
     let o = inside(
         &[],
         &[
-            "/bin/tool", "then", "/usr/bin/podman", "run", "--rm", "-v", "/tmp:/shared:Z", img, "python", "-c", script,
-            "--", "/tmp/worker_path.txt",
+            "/bin/tool",
+            "then",
+            "/usr/bin/podman",
+            "run",
+            "--rm",
+            "-v",
+            "/tmp:/shared:Z",
+            img,
+            "python",
+            "-c",
+            script,
+            "--",
+            "/tmp/worker_path.txt",
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    assert!(stdout(&o).contains("file:/ray/default_worker.py"), "{}", show(&o));
+    assert!(
+        stdout(&o).contains("file:/ray/default_worker.py"),
+        "{}",
+        show(&o)
+    );
 
     // Without --rm the same bind is refused, naming the path.
-    let o = inside(&[], &["/usr/bin/podman", "run", "-v", "/tmp:/shared", img, "true"]);
+    let o = inside(
+        &[],
+        &["/usr/bin/podman", "run", "-v", "/tmp:/shared", img, "true"],
+    );
     assert_eq!(o.status.code(), Some(125), "{}", show(&o));
-    assert!(stderr(&o).contains("-v /tmp:/shared: /tmp is not backed by a host mount"), "{}", show(&o));
+    assert!(
+        stderr(&o).contains("-v /tmp:/shared: /tmp is not backed by a host mount"),
+        "{}",
+        show(&o)
+    );
 }

@@ -13,7 +13,9 @@ fn labelled(label: &str, pid: Option<u32>, rm: bool) -> String {
     let img = image();
     let owner = "io.argus.shim.owner=host".to_string();
     let rm = format!("io.argus.shim.rm={}", u8::from(rm));
-    let mut args = vec!["run", "-d", "--label", label, "--label", &owner, "--label", &rm];
+    let mut args = vec![
+        "run", "-d", "--label", label, "--label", &owner, "--label", &rm,
+    ];
     let pid_label = pid.map(|p| format!("io.argus.shim.pid={p}"));
     if let Some(p) = &pid_label {
         args.extend(["--label", p]);
@@ -39,8 +41,14 @@ fn janitor_removes_dead_shims_containers_then_all_at_node_stop() {
     let n = sweep_blocking(JanitorScope::DeadShims).unwrap();
     assert!(n >= 1, "removed {n}");
     let left = containers_with(&label);
-    assert!(!left.contains(&of_dead), "the dead shim's container is still there");
-    assert!(left.contains(&of_live), "the live shim's container was removed");
+    assert!(
+        !left.contains(&of_dead),
+        "the dead shim's container is still there"
+    );
+    assert!(
+        left.contains(&of_live),
+        "the live shim's container was removed"
+    );
     assert!(left.contains(&detached), "a detached container was removed");
 
     let n = sweep_blocking(JanitorScope::AllOwned).unwrap();
@@ -55,7 +63,11 @@ fn janitor_without_a_docker_socket_returns_zero_at_once() {
     // DOCKER_HOST is read by sweep_blocking; only this test binary's
     // janitor tests run, and the other one does not depend on it.
     let t = std::time::Instant::now();
-    let n = argus::shim::janitor::sweep_blocking_at("unix:///nonexistent/docker.sock", JanitorScope::AllOwned).unwrap();
+    let n = argus::shim::janitor::sweep_blocking_at(
+        "unix:///nonexistent/docker.sock",
+        JanitorScope::AllOwned,
+    )
+    .unwrap();
     assert_eq!(n, 0);
     assert!(t.elapsed() < std::time::Duration::from_millis(500));
 }

@@ -27,7 +27,8 @@ pub fn podman(args: &[&str]) -> Command {
 /// Runs `c` and returns its output, panicking with everything if it cannot
 /// be spawned.
 pub fn output(c: &mut Command) -> Output {
-    c.output().unwrap_or_else(|e| panic!("cannot run {c:?}: {e}"))
+    c.output()
+        .unwrap_or_else(|e| panic!("cannot run {c:?}: {e}"))
 }
 
 pub fn stdout(o: &Output) -> String {
@@ -40,12 +41,20 @@ pub fn stderr(o: &Output) -> String {
 
 /// Describes `o` for assertion messages.
 pub fn show(o: &Output) -> String {
-    format!("status {:?}\n--- stdout\n{}\n--- stderr\n{}", o.status, stdout(o), stderr(o))
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        stdout(o),
+        stderr(o)
+    )
 }
 
 /// Runs the docker CLI (test setup and checks only; the shim never uses it).
 pub fn docker(args: &[&str]) -> Output {
-    let o = Command::new("docker").args(args).output().unwrap_or_else(|e| panic!("docker CLI: {e}"));
+    let o = Command::new("docker")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("docker CLI: {e}"));
     o
 }
 
@@ -58,7 +67,11 @@ pub fn require_docker() {
          Docker Engine of the CI machine; they fail rather than pass silently."
     );
     let o = docker(&["version", "--format", "{{.Server.APIVersion}}"]);
-    assert!(o.status.success(), "REAL-DAEMON TEST CANNOT RUN: `docker version` failed:\n{}", show(&o));
+    assert!(
+        o.status.success(),
+        "REAL-DAEMON TEST CANNOT RUN: `docker version` failed:\n{}",
+        show(&o)
+    );
 }
 
 fn fnv(data: &[u8], mut h: u64) -> u64 {
@@ -102,20 +115,31 @@ pub fn image() -> &'static str {
         if docker(&["image", "inspect", &tag]).status.success() {
             return tag;
         }
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("shim-image-{}", std::process::id()));
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("shim-image-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         for d in ["bin", "usr/bin", "tmp", "lib/x86_64-linux-gnu", "lib64"] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
         let tool = dir.join("bin/tool");
         let o = Command::new("rustc")
-            .args(["-O", "-C", "target-feature=+crt-static", "-C", "strip=symbols"])
+            .args([
+                "-O",
+                "-C",
+                "target-feature=+crt-static",
+                "-C",
+                "strip=symbols",
+            ])
             .args(["--target", "x86_64-unknown-linux-gnu", "-o"])
             .arg(&tool)
             .arg(&src)
             .output()
             .expect("rustc");
-        assert!(o.status.success(), "cannot compile the test tool:\n{}", show(&o));
+        assert!(
+            o.status.success(),
+            "cannot compile the test tool:\n{}",
+            show(&o)
+        );
         std::fs::copy(&tool, dir.join("usr/bin/python")).unwrap();
         std::fs::copy(&tool, dir.join("bin/true")).unwrap();
         for l in &libs {
@@ -124,8 +148,16 @@ pub fn image() -> &'static str {
             std::fs::copy(l, &to).unwrap_or_else(|e| panic!("{l}: {e}"));
         }
         std::fs::write(dir.join("Dockerfile"), "FROM scratch\nCOPY . /\n").unwrap();
-        let o = Command::new("docker").args(["build", "-q", "-t", &tag]).arg(&dir).output().unwrap();
-        assert!(o.status.success(), "cannot build the test image:\n{}", show(&o));
+        let o = Command::new("docker")
+            .args(["build", "-q", "-t", &tag])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "cannot build the test image:\n{}",
+            show(&o)
+        );
         let _ = std::fs::remove_dir_all(&dir);
         tag
     })
@@ -133,14 +165,27 @@ pub fn image() -> &'static str {
 
 /// Returns the ids of all containers (any state) carrying `label`.
 pub fn containers_with(label: &str) -> Vec<String> {
-    let o = docker(&["ps", "-aq", "--no-trunc", "--filter", &format!("label={label}")]);
+    let o = docker(&[
+        "ps",
+        "-aq",
+        "--no-trunc",
+        "--filter",
+        &format!("label={label}"),
+    ]);
     assert!(o.status.success(), "{}", show(&o));
-    stdout(&o).lines().map(str::to_string).filter(|l| !l.is_empty()).collect()
+    stdout(&o)
+        .lines()
+        .map(str::to_string)
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 /// Returns a name unique to this test process and `what`.
 pub fn unique(what: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
     format!("argus-shim-{what}-{}-{nanos}", std::process::id())
 }
 

@@ -125,20 +125,52 @@ pub struct ShowOpts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     Run(Box<RunOpts>),
-    Pull { quiet: bool, image: String },
+    Pull {
+        quiet: bool,
+        image: String,
+    },
     Images(ShowOpts),
-    ImageInspect { format: Option<String>, names: Vec<String> },
+    ImageInspect {
+        format: Option<String>,
+        names: Vec<String>,
+    },
     ImageExists(String),
-    Inspect { format: Option<String>, kind: Option<String>, names: Vec<String> },
+    Inspect {
+        format: Option<String>,
+        kind: Option<String>,
+        names: Vec<String>,
+    },
     ContainerExists(String),
     Ps(ShowOpts),
-    Rm { force: bool, ignore: bool, volumes: bool, names: Vec<String> },
-    Kill { signal: String, ignore: bool, names: Vec<String> },
-    Stop { timeout: Option<i32>, ignore: bool, names: Vec<String> },
-    Logs { follow: bool, tail: Option<String>, timestamps: bool, name: String },
-    Version { format: Option<String> },
+    Rm {
+        force: bool,
+        ignore: bool,
+        volumes: bool,
+        names: Vec<String>,
+    },
+    Kill {
+        signal: String,
+        ignore: bool,
+        names: Vec<String>,
+    },
+    Stop {
+        timeout: Option<i32>,
+        ignore: bool,
+        names: Vec<String>,
+    },
+    Logs {
+        follow: bool,
+        tail: Option<String>,
+        timestamps: bool,
+        name: String,
+    },
+    Version {
+        format: Option<String>,
+    },
     ShortVersion,
-    Info { format: Option<String> },
+    Info {
+        format: Option<String>,
+    },
     Help,
 }
 
@@ -251,7 +283,11 @@ fn split_flags(
                     )
                 }
             };
-            flags.push(Flag { name: name.to_string(), shown: format!("--{name}"), value });
+            flags.push(Flag {
+                name: name.to_string(),
+                shown: format!("--{name}"),
+                value,
+            });
         } else if a.len() > 1 && a.starts_with('-') {
             let chars: Vec<char> = a[1..].chars().collect();
             let mut j = 0;
@@ -269,10 +305,18 @@ fn split_flags(
                             .cloned()
                             .ok_or_else(|| ArgsError::MissingValue(format!("-{c}")))?
                     };
-                    flags.push(Flag { name: name.to_string(), shown: format!("-{c}"), value: Some(value) });
+                    flags.push(Flag {
+                        name: name.to_string(),
+                        shown: format!("-{c}"),
+                        value: Some(value),
+                    });
                     break;
                 }
-                flags.push(Flag { name: name.to_string(), shown: format!("-{c}"), value: None });
+                flags.push(Flag {
+                    name: name.to_string(),
+                    shown: format!("-{c}"),
+                    value: None,
+                });
                 j += 1;
             }
         } else {
@@ -287,12 +331,17 @@ fn bool_value(f: &Flag) -> Result<bool, ArgsError> {
     match f.value.as_deref() {
         None | Some("true") | Some("1") => Ok(true),
         Some("false") | Some("0") => Ok(false),
-        Some(v) => Err(ArgsError::BadValue { flag: f.shown.clone(), value: v.to_string() }),
+        Some(v) => Err(ArgsError::BadValue {
+            flag: f.shown.clone(),
+            value: v.to_string(),
+        }),
     }
 }
 
 fn value(f: &Flag) -> Result<String, ArgsError> {
-    f.value.clone().ok_or_else(|| ArgsError::MissingValue(f.shown.clone()))
+    f.value
+        .clone()
+        .ok_or_else(|| ArgsError::MissingValue(f.shown.clone()))
 }
 
 /// Parses the arguments after `podman`.
@@ -326,7 +375,9 @@ pub fn parse(args: &[String]) -> Result<Command, ArgsError> {
         "run" => parse_run(rest).map(|o| Command::Run(Box::new(o))),
         "container" => match rest.first().map(String::as_str) {
             Some("run") => parse_run(&rest[1..]).map(|o| Command::Run(Box::new(o))),
-            Some("exists") => one_name("container exists", &rest[1..]).map(Command::ContainerExists),
+            Some("exists") => {
+                one_name("container exists", &rest[1..]).map(Command::ContainerExists)
+            }
             Some("inspect") => parse_inspect(&rest[1..], Some("container".into())),
             Some("ps") | Some("list") | Some("ls") => parse_show(&rest[1..]).map(Command::Ps),
             Some("rm") => parse_rm(&rest[1..]),
@@ -354,11 +405,15 @@ pub fn parse(args: &[String]) -> Result<Command, ArgsError> {
         "logs" => parse_logs(rest),
         "version" => {
             let (flags, _) = split_flags(rest, &format_kind, &format_short)?;
-            Ok(Command::Version { format: last_value(&flags, "format")? })
+            Ok(Command::Version {
+                format: last_value(&flags, "format")?,
+            })
         }
         "info" => {
             let (flags, _) = split_flags(rest, &format_kind, &format_short)?;
-            Ok(Command::Info { format: last_value(&flags, "format")? })
+            Ok(Command::Info {
+                format: last_value(&flags, "format")?,
+            })
         }
         "help" => Ok(Command::Help),
         other => Err(ArgsError::UnknownCommand(other.to_string())),
@@ -368,8 +423,8 @@ pub fn parse(args: &[String]) -> Result<Command, ArgsError> {
 fn format_kind(n: &str) -> Option<Kind> {
     match n {
         "format" | "filter" | "type" | "size" | "sort" => Some(Kind::Value),
-        "quiet" | "all" | "noheading" | "no-trunc" | "digests" | "latest" | "external"
-        | "last" | "namespace" | "ns" | "sync" => Some(Kind::Bool),
+        "quiet" | "all" | "noheading" | "no-trunc" | "digests" | "latest" | "external" | "last"
+        | "namespace" | "ns" | "sync" => Some(Kind::Bool),
         _ => None,
     }
 }
@@ -403,7 +458,9 @@ fn has(flags: &[Flag], name: &str) -> Result<bool, ArgsError> {
 
 fn one_name(cmd: &str, rest: &[String]) -> Result<String, ArgsError> {
     let (_, first) = split_flags(rest, &|_| None, &|_| None)?;
-    rest.get(first).cloned().ok_or_else(|| ArgsError::MissingArgument(cmd.into()))
+    rest.get(first)
+        .cloned()
+        .ok_or_else(|| ArgsError::MissingArgument(cmd.into()))
 }
 
 fn parse_show(rest: &[String]) -> Result<ShowOpts, ArgsError> {
@@ -415,7 +472,11 @@ fn parse_show(rest: &[String]) -> Result<ShowOpts, ArgsError> {
         format: last_value(&flags, "format")?,
         quiet: has(&flags, "quiet")?,
         all: has(&flags, "all")?,
-        filters: flags.iter().filter(|f| f.name == "filter").map(value).collect::<Result<_, _>>()?,
+        filters: flags
+            .iter()
+            .filter(|f| f.name == "filter")
+            .map(value)
+            .collect::<Result<_, _>>()?,
     })
 }
 
@@ -429,20 +490,32 @@ fn parse_inspect(rest: &[String], kind: Option<String>) -> Result<Command, ArgsE
     let kind = last_value(&flags, "type")?.or(kind);
     Ok(match kind.as_deref() {
         Some("image") => Command::ImageInspect { format, names },
-        _ => Command::Inspect { format, kind, names },
+        _ => Command::Inspect {
+            format,
+            kind,
+            names,
+        },
     })
 }
 
 fn parse_pull(rest: &[String]) -> Result<Command, ArgsError> {
     let kind = |n: &str| match n {
         "quiet" | "all-tags" | "tls-verify" => Some(Kind::Bool),
-        "platform" | "arch" | "os" | "authfile" | "creds" | "retry" | "retry-delay" => Some(Kind::Value),
+        "platform" | "arch" | "os" | "authfile" | "creds" | "retry" | "retry-delay" => {
+            Some(Kind::Value)
+        }
         _ => None,
     };
     let short = |c: char| if c == 'q' { Some("quiet") } else { None };
     let (flags, first) = split_flags(rest, &kind, &short)?;
-    let image = rest.get(first).cloned().ok_or_else(|| ArgsError::MissingArgument("pull".into()))?;
-    Ok(Command::Pull { quiet: has(&flags, "quiet")?, image })
+    let image = rest
+        .get(first)
+        .cloned()
+        .ok_or_else(|| ArgsError::MissingArgument("pull".into()))?;
+    Ok(Command::Pull {
+        quiet: has(&flags, "quiet")?,
+        image,
+    })
 }
 
 fn names_after(cmd: &str, rest: &[String], first: usize) -> Result<Vec<String>, ArgsError> {
@@ -506,14 +579,25 @@ fn parse_stop(rest: &[String]) -> Result<Command, ArgsError> {
         _ => None,
     };
     let (flags, first) = split_flags(rest, &kind, &short)?;
-    let timeout = match flags.iter().rev().find(|f| f.name == "time" || f.name == "timeout") {
+    let timeout = match flags
+        .iter()
+        .rev()
+        .find(|f| f.name == "time" || f.name == "timeout")
+    {
         Some(f) => {
             let v = value(f)?;
-            Some(v.parse().map_err(|_| ArgsError::BadValue { flag: f.shown.clone(), value: v })?)
+            Some(v.parse().map_err(|_| ArgsError::BadValue {
+                flag: f.shown.clone(),
+                value: v,
+            })?)
         }
         None => None,
     };
-    Ok(Command::Stop { timeout, ignore: has(&flags, "ignore")?, names: names_after("stop", rest, first)? })
+    Ok(Command::Stop {
+        timeout,
+        ignore: has(&flags, "ignore")?,
+        names: names_after("stop", rest, first)?,
+    })
 }
 
 fn parse_logs(rest: &[String]) -> Result<Command, ArgsError> {
@@ -529,7 +613,10 @@ fn parse_logs(rest: &[String]) -> Result<Command, ArgsError> {
         _ => None,
     };
     let (flags, first) = split_flags(rest, &kind, &short)?;
-    let name = rest.get(first).cloned().ok_or_else(|| ArgsError::MissingArgument("logs".into()))?;
+    let name = rest
+        .get(first)
+        .cloned()
+        .ok_or_else(|| ArgsError::MissingArgument("logs".into()))?;
     Ok(Command::Logs {
         follow: has(&flags, "follow")?,
         tail: last_value(&flags, "tail")?,
@@ -542,14 +629,15 @@ fn parse_logs(rest: &[String]) -> Result<Command, ArgsError> {
 fn run_kind(n: &str) -> Option<Kind> {
     use Kind::*;
     Some(match n {
-        "rm" | "detach" | "interactive" | "tty" | "privileged" | "init" | "read-only" | "env-host"
-        | "http-proxy" | "quiet" | "sig-proxy" | "replace" | "publish-all" | "systemd" | "no-hosts"
-        | "rmi" | "help" => Bool,
+        "rm" | "detach" | "interactive" | "tty" | "privileged" | "init" | "read-only"
+        | "env-host" | "http-proxy" | "quiet" | "sig-proxy" | "replace" | "publish-all"
+        | "systemd" | "no-hosts" | "rmi" | "help" => Bool,
         "name" | "env" | "env-file" | "volume" | "tmpfs" | "network" | "net" | "pid" | "ipc"
-        | "uts" | "userns" | "user" | "group-add" | "runtime" | "gpus" | "device" | "entrypoint"
-        | "workdir" | "label" | "cap-add" | "cap-drop" | "security-opt" | "shm-size" | "hostname"
-        | "memory" | "cpus" | "pids-limit" | "stop-signal" | "stop-timeout" | "publish"
-        | "add-host" | "dns" | "pull" | "platform" | "cidfile" | "tz" | "pod" | "sdnotify" => Value,
+        | "uts" | "userns" | "user" | "group-add" | "runtime" | "gpus" | "device"
+        | "entrypoint" | "workdir" | "label" | "cap-add" | "cap-drop" | "security-opt"
+        | "shm-size" | "hostname" | "memory" | "cpus" | "pids-limit" | "stop-signal"
+        | "stop-timeout" | "publish" | "add-host" | "dns" | "pull" | "platform" | "cidfile"
+        | "tz" | "pod" | "sdnotify" => Value,
         n if IGNORED_GLOBALS.contains(&n) => Value,
         n if IGNORED_GLOBAL_BOOLS.contains(&n) => Bool,
         _ => return None,
@@ -577,7 +665,10 @@ fn run_short(c: char) -> Option<&'static str> {
 
 /// Parses `-v SRC:DST[:OPTS]`.
 pub fn parse_volume(spec: &str) -> Result<Volume, ArgsError> {
-    let bad = || ArgsError::BadValue { flag: "--volume".into(), value: spec.into() };
+    let bad = || ArgsError::BadValue {
+        flag: "--volume".into(),
+        value: spec.into(),
+    };
     let parts: Vec<&str> = spec.split(':').collect();
     let (source, target, opts) = match parts.as_slice() {
         [t] => (String::new(), t.to_string(), ""),
@@ -594,20 +685,31 @@ pub fn parse_volume(spec: &str) -> Result<Volume, ArgsError> {
             "z" | "Z" => {}
             "ro" | "rw" | "nocopy" | "shared" | "rshared" | "slave" | "rslave" | "private"
             | "rprivate" | "consistent" | "cached" | "delegated" => options.push(o.to_string()),
-            "U" | "O" | "idmap" | "noexec" | "exec" | "nosuid" | "suid" | "nodev" | "dev" | "copy"
-            | "nocopy-up" => {
-                return Err(ArgsError::Unsupported { flag: "--volume".into(), value: o.into() })
+            "U" | "O" | "idmap" | "noexec" | "exec" | "nosuid" | "suid" | "nodev" | "dev"
+            | "copy" | "nocopy-up" => {
+                return Err(ArgsError::Unsupported {
+                    flag: "--volume".into(),
+                    value: o.into(),
+                })
             }
             _ => return Err(bad()),
         }
     }
-    Ok(Volume { source, target, options })
+    Ok(Volume {
+        source,
+        target,
+        options,
+    })
 }
 
 /// Parses the arguments after `podman run`.
 pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
     let (flags, first) = split_flags(args, &run_kind, &run_short)?;
-    let mut o = RunOpts { http_proxy: true, sig_proxy: true, ..Default::default() };
+    let mut o = RunOpts {
+        http_proxy: true,
+        sig_proxy: true,
+        ..Default::default()
+    };
     for f in &flags {
         let n = f.name.as_str();
         match n {
@@ -668,7 +770,12 @@ pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
                     "missing" => PullPolicy::Missing,
                     "always" | "newer" => PullPolicy::Always,
                     "never" => PullPolicy::Never,
-                    _ => return Err(ArgsError::BadValue { flag: f.shown.clone(), value: v }),
+                    _ => {
+                        return Err(ArgsError::BadValue {
+                            flag: f.shown.clone(),
+                            value: v,
+                        })
+                    }
                 }
             }
             "tz" => o.env.push(format!("TZ={}", value(f)?)),
@@ -684,13 +791,18 @@ pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
         }
     }
     let positional = &args[first..];
-    let image = positional.first().ok_or_else(|| ArgsError::MissingArgument("run".into()))?;
+    let image = positional
+        .first()
+        .ok_or_else(|| ArgsError::MissingArgument("run".into()))?;
     o.image = unquote(image);
     o.command = positional[1..].to_vec();
     if o.rm && o.detach {
         // Allowed by podman; the shim cannot remove a container it does not
         // wait for, so it is refused rather than leaking it.
-        return Err(ArgsError::Unsupported { flag: "--rm".into(), value: "with --detach".into() });
+        return Err(ArgsError::Unsupported {
+            flag: "--rm".into(),
+            value: "with --detach".into(),
+        });
     }
     Ok(o)
 }
@@ -707,20 +819,45 @@ pub(crate) mod tests {
     /// after `bash -c "exec podman run …"`.
     pub(crate) fn ray_worker_argv() -> Vec<String> {
         s(&[
-            "run", "-v", "/tmp/ray:/tmp/ray", "--cgroup-manager=cgroupfs", "--network=host",
-            "--pid=host", "--ipc=host", "--userns=keep-id", "--env", "RAY_CLIENT_MODE=0", "--env",
-            "RAY_LD_PRELOAD_ON_WORKERS=0", "--env", "RAY_NODE_ID=0876abc", "--env",
-            "RAY_RAYLET_PID=18293", "--env", "RAY_USAGE_STATS_ENABLED=0", "--env",
-            "RAY_enable_pipe_based_agent_to_parent_health_check=1", "--env", "FOO=a b $HOME",
-            "--env", "RAY_JOB_ID=01000000", "--entrypoint", "python", "fake.registry/ray:2.53.0",
+            "run",
+            "-v",
+            "/tmp/ray:/tmp/ray",
+            "--cgroup-manager=cgroupfs",
+            "--network=host",
+            "--pid=host",
+            "--ipc=host",
+            "--userns=keep-id",
+            "--env",
+            "RAY_CLIENT_MODE=0",
+            "--env",
+            "RAY_LD_PRELOAD_ON_WORKERS=0",
+            "--env",
+            "RAY_NODE_ID=0876abc",
+            "--env",
+            "RAY_RAYLET_PID=18293",
+            "--env",
+            "RAY_USAGE_STATS_ENABLED=0",
+            "--env",
+            "RAY_enable_pipe_based_agent_to_parent_health_check=1",
+            "--env",
+            "FOO=a b $HOME",
+            "--env",
+            "RAY_JOB_ID=01000000",
+            "--entrypoint",
+            "python",
+            "fake.registry/ray:2.53.0",
             "/venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py",
-            "--node-ip-address=127.0.0.2", "--startup-token=1", "--runtime-env-hash=-277573333",
+            "--node-ip-address=127.0.0.2",
+            "--startup-token=1",
+            "--runtime-env-hash=-277573333",
         ])
     }
 
     #[test]
     fn ray_worker_command_parses_with_podman_meaning() {
-        let Command::Run(o) = parse(&ray_worker_argv()).unwrap() else { panic!() };
+        let Command::Run(o) = parse(&ray_worker_argv()).unwrap() else {
+            panic!()
+        };
         assert_eq!(o.image, "fake.registry/ray:2.53.0");
         assert_eq!(o.entrypoint.as_deref(), Some("python"));
         assert_eq!(o.network.as_deref(), Some("host"));
@@ -728,10 +865,20 @@ pub(crate) mod tests {
         assert_eq!(o.ipc.as_deref(), Some("host"));
         assert_eq!(o.userns.as_deref(), Some("keep-id"));
         assert_eq!(o.ignored, vec!["--cgroup-manager"]);
-        assert_eq!(o.volumes, vec![Volume { source: "/tmp/ray".into(), target: "/tmp/ray".into(), options: vec![] }]);
+        assert_eq!(
+            o.volumes,
+            vec![Volume {
+                source: "/tmp/ray".into(),
+                target: "/tmp/ray".into(),
+                options: vec![]
+            }]
+        );
         assert!(o.env.contains(&"FOO=a b $HOME".to_string()));
         assert_eq!(o.env.last().unwrap(), "RAY_JOB_ID=01000000");
-        assert_eq!(o.command[0], "/venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py");
+        assert_eq!(
+            o.command[0],
+            "/venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py"
+        );
         assert_eq!(o.command[3], "--runtime-env-hash=-277573333");
         assert!(!o.rm && !o.detach);
     }
@@ -748,7 +895,9 @@ pub(crate) mod tests {
                 *a = "RAY_JOB_ID=$RAY_JOB_ID".into();
             }
         }
-        let Command::Run(o) = parse(&argv).unwrap() else { panic!() };
+        let Command::Run(o) = parse(&argv).unwrap() else {
+            panic!()
+        };
         assert!(o.env.contains(&"FOO=a b $HOME".to_string()));
         // Expansion of $RAY_JOB_ID happens at translation (it needs the env).
         assert_eq!(o.env.last().unwrap(), "RAY_JOB_ID=$RAY_JOB_ID");
@@ -760,16 +909,44 @@ pub(crate) mod tests {
     #[test]
     fn ray_probe_command_parses() {
         let script = "\nimport ray._private.workers.default_worker as dw\nwith open('/shared/worker_path.txt', 'w') as f:\n    f.write(dw.__file__)\n";
-        let argv = s(&["run", "--rm", "-v", "/tmp/tmpe9l02fnh:/shared:Z", "img:1", "python", "-c", script]);
-        let Command::Run(o) = parse(&argv).unwrap() else { panic!() };
+        let argv = s(&[
+            "run",
+            "--rm",
+            "-v",
+            "/tmp/tmpe9l02fnh:/shared:Z",
+            "img:1",
+            "python",
+            "-c",
+            script,
+        ]);
+        let Command::Run(o) = parse(&argv).unwrap() else {
+            panic!()
+        };
         assert!(o.rm);
-        assert_eq!(o.volumes[0], Volume { source: "/tmp/tmpe9l02fnh".into(), target: "/shared".into(), options: vec![] });
+        assert_eq!(
+            o.volumes[0],
+            Volume {
+                source: "/tmp/tmpe9l02fnh".into(),
+                target: "/shared".into(),
+                options: vec![]
+            }
+        );
         assert_eq!(o.command, s(&["python", "-c", script]));
     }
 
     #[test]
     fn short_flags_cluster_and_take_values() {
-        let Command::Run(o) = parse(&s(&["run", "-it", "-eA=1", "-e", "B", "-vX:/y:ro,z", "img", "-d"])).unwrap() else {
+        let Command::Run(o) = parse(&s(&[
+            "run",
+            "-it",
+            "-eA=1",
+            "-e",
+            "B",
+            "-vX:/y:ro,z",
+            "img",
+            "-d",
+        ]))
+        .unwrap() else {
             panic!()
         };
         assert!(o.interactive && o.tty && !o.detach);
@@ -780,7 +957,9 @@ pub(crate) mod tests {
 
     #[test]
     fn repeated_string_flag_keeps_last() {
-        let Command::Run(o) = parse(&s(&["run", "--network=host", "--network", "bridge", "img"])).unwrap() else {
+        let Command::Run(o) =
+            parse(&s(&["run", "--network=host", "--network", "bridge", "img"])).unwrap()
+        else {
             panic!()
         };
         assert_eq!(o.network.as_deref(), Some("bridge"));
@@ -788,40 +967,106 @@ pub(crate) mod tests {
 
     #[test]
     fn unknown_flag_is_named() {
-        assert_eq!(parse(&s(&["run", "--frobnicate", "img"])), Err(ArgsError::UnknownFlag("--frobnicate".into())));
-        assert_eq!(parse(&s(&["run", "-X", "img"])), Err(ArgsError::UnknownFlag("-X".into())));
-        assert_eq!(parse(&s(&["run", "--name"])), Err(ArgsError::MissingValue("--name".into())));
-        assert_eq!(parse(&s(&["run"])), Err(ArgsError::MissingArgument("run".into())));
-        assert!(matches!(parse(&s(&["run", "--systemd=always", "i"])), Err(ArgsError::Unsupported { .. })));
-        assert!(matches!(parse(&s(&["run", "-v", "/a:/b:U", "i"])), Err(ArgsError::Unsupported { .. })));
-        assert!(matches!(parse(&s(&["frob"])), Err(ArgsError::UnknownCommand(_))));
+        assert_eq!(
+            parse(&s(&["run", "--frobnicate", "img"])),
+            Err(ArgsError::UnknownFlag("--frobnicate".into()))
+        );
+        assert_eq!(
+            parse(&s(&["run", "-X", "img"])),
+            Err(ArgsError::UnknownFlag("-X".into()))
+        );
+        assert_eq!(
+            parse(&s(&["run", "--name"])),
+            Err(ArgsError::MissingValue("--name".into()))
+        );
+        assert_eq!(
+            parse(&s(&["run"])),
+            Err(ArgsError::MissingArgument("run".into()))
+        );
+        assert!(matches!(
+            parse(&s(&["run", "--systemd=always", "i"])),
+            Err(ArgsError::Unsupported { .. })
+        ));
+        assert!(matches!(
+            parse(&s(&["run", "-v", "/a:/b:U", "i"])),
+            Err(ArgsError::Unsupported { .. })
+        ));
+        assert!(matches!(
+            parse(&s(&["frob"])),
+            Err(ArgsError::UnknownCommand(_))
+        ));
     }
 
     #[test]
     fn global_flags_before_subcommand_are_ignored() {
-        let c = parse(&s(&["--cgroup-manager", "cgroupfs", "--log-level=debug", "images", "--format", "json"])).unwrap();
-        assert_eq!(c, Command::Images(ShowOpts { format: Some("json".into()), ..Default::default() }));
+        let c = parse(&s(&[
+            "--cgroup-manager",
+            "cgroupfs",
+            "--log-level=debug",
+            "images",
+            "--format",
+            "json",
+        ]))
+        .unwrap();
+        assert_eq!(
+            c,
+            Command::Images(ShowOpts {
+                format: Some("json".into()),
+                ..Default::default()
+            })
+        );
         assert_eq!(parse(&s(&["--version"])).unwrap(), Command::ShortVersion);
     }
 
     #[test]
     fn subcommands_parse() {
-        assert_eq!(parse(&s(&["image", "exists", "x"])).unwrap(), Command::ImageExists("x".into()));
-        assert_eq!(parse(&s(&["container", "exists", "c"])).unwrap(), Command::ContainerExists("c".into()));
+        assert_eq!(
+            parse(&s(&["image", "exists", "x"])).unwrap(),
+            Command::ImageExists("x".into())
+        );
+        assert_eq!(
+            parse(&s(&["container", "exists", "c"])).unwrap(),
+            Command::ContainerExists("c".into())
+        );
         assert_eq!(
             parse(&s(&["rm", "-fv", "a", "b"])).unwrap(),
-            Command::Rm { force: true, ignore: false, volumes: true, names: s(&["a", "b"]) }
+            Command::Rm {
+                force: true,
+                ignore: false,
+                volumes: true,
+                names: s(&["a", "b"])
+            }
         );
         assert_eq!(
             parse(&s(&["kill", "-s", "TERM", "a"])).unwrap(),
-            Command::Kill { signal: "TERM".into(), ignore: false, names: s(&["a"]) }
+            Command::Kill {
+                signal: "TERM".into(),
+                ignore: false,
+                names: s(&["a"])
+            }
         );
-        assert_eq!(parse(&s(&["stop", "-t", "3", "a"])).unwrap(), Command::Stop { timeout: Some(3), ignore: false, names: s(&["a"]) });
+        assert_eq!(
+            parse(&s(&["stop", "-t", "3", "a"])).unwrap(),
+            Command::Stop {
+                timeout: Some(3),
+                ignore: false,
+                names: s(&["a"])
+            }
+        );
         assert_eq!(
             parse(&s(&["image", "inspect", "--format", "{{.Id}}", "x"])).unwrap(),
-            Command::ImageInspect { format: Some("{{.Id}}".into()), names: s(&["x"]) }
+            Command::ImageInspect {
+                format: Some("{{.Id}}".into()),
+                names: s(&["x"])
+            }
         );
-        assert_eq!(parse(&s(&["pull", "-q", "x"])).unwrap(), Command::Pull { quiet: true, image: "x".into() });
+        assert_eq!(
+            parse(&s(&["pull", "-q", "x"])).unwrap(),
+            Command::Pull {
+                quiet: true,
+                image: "x".into()
+            }
+        );
     }
 
     #[test]

@@ -64,7 +64,11 @@ fn lookup<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
     let mut cur = v;
     for part in path.split('.').filter(|p| !p.is_empty()) {
         let obj = cur.as_object()?;
-        cur = obj.get(part).or_else(|| obj.iter().find(|(k, _)| k.eq_ignore_ascii_case(part)).map(|(_, v)| v))?;
+        cur = obj.get(part).or_else(|| {
+            obj.iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(part))
+                .map(|(_, v)| v)
+        })?;
     }
     Some(cur)
 }
@@ -132,9 +136,16 @@ async fn scope(docker: &Docker) -> Result<Scope, ShimError> {
 
 /// Resolves `name` to an owned container id; Ok(None) when there is none.
 async fn owned(docker: &Docker, s: &Scope, name: &str) -> Result<Option<String>, ShimError> {
-    match docker.inspect_container(name, None::<InspectContainerOptions>).await {
+    match docker
+        .inspect_container(name, None::<InspectContainerOptions>)
+        .await
+    {
         Ok(i) => {
-            let owner = i.config.as_ref().and_then(|c| c.labels.as_ref()).and_then(|l| l.get(LABEL_OWNER));
+            let owner = i
+                .config
+                .as_ref()
+                .and_then(|c| c.labels.as_ref())
+                .and_then(|l| l.get(LABEL_OWNER));
             if s.relaxed || owner == Some(&s.owner) {
                 Ok(i.id)
             } else {
@@ -163,7 +174,10 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
     match cmd {
         Command::Run(_) | Command::ShortVersion | Command::Help => unreachable!("handled above"),
         Command::Version { format } => {
-            let v = docker.version().await.map_err(ShimError::docker("read daemon version"))?;
+            let v = docker
+                .version()
+                .await
+                .map_err(ShimError::docker("read daemon version"))?;
             let value = json!({
                 "Client": {
                     "APIVersion": PODMAN_VERSION, "Version": PODMAN_VERSION, "GoVersion": v.go_version,
@@ -188,14 +202,23 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
                     println!("OS/Arch:      {}", c["OsArch"].as_str().unwrap_or(""));
                     println!();
                     println!("Server:       Docker Engine");
-                    println!("Version:      {}", value["Server"]["Version"].as_str().unwrap_or(""));
-                    println!("API Version:  {}", value["Server"]["APIVersion"].as_str().unwrap_or(""));
+                    println!(
+                        "Version:      {}",
+                        value["Server"]["Version"].as_str().unwrap_or("")
+                    );
+                    println!(
+                        "API Version:  {}",
+                        value["Server"]["APIVersion"].as_str().unwrap_or("")
+                    );
                 }
             }
             Ok(0)
         }
         Command::Info { format } => {
-            let i = docker.info().await.map_err(ShimError::docker("read daemon info"))?;
+            let i = docker
+                .info()
+                .await
+                .map_err(ShimError::docker("read daemon info"))?;
             let value = json!({
                 "host": {
                     "arch": i.architecture, "os": i.os_type, "kernel": i.kernel_version,
@@ -224,7 +247,10 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
         }
         Command::Pull { quiet, image } => {
             runner::pull(&docker, &image, quiet).await?;
-            let i = docker.inspect_image(&image).await.map_err(ShimError::docker(format!("inspect image {image}")))?;
+            let i = docker
+                .inspect_image(&image)
+                .await
+                .map_err(ShimError::docker(format!("inspect image {image}")))?;
             println!("{}", strip_sha(&i.id.unwrap_or_default()));
             Ok(0)
         }
@@ -257,7 +283,11 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
             print_items(format.as_deref(), &items);
             Ok(0)
         }
-        Command::Inspect { format, kind, names } => {
+        Command::Inspect {
+            format,
+            kind,
+            names,
+        } => {
             let s = scope(&docker).await?;
             let mut items = Vec::new();
             for n in &names {
@@ -290,7 +320,12 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
         }
         Command::Images(o) => images(&docker, o).await,
         Command::Ps(o) => ps(&docker, o).await,
-        Command::Rm { force, ignore, volumes, names } => {
+        Command::Rm {
+            force,
+            ignore,
+            volumes,
+            names,
+        } => {
             let s = scope(&docker).await?;
             let mut code = 0;
             for n in &names {
@@ -301,7 +336,10 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
                     }
                     continue;
                 };
-                let opts = RemoveContainerOptionsBuilder::new().force(force).v(volumes).build();
+                let opts = RemoveContainerOptionsBuilder::new()
+                    .force(force)
+                    .v(volumes)
+                    .build();
                 match docker.remove_container(&id, Some(opts)).await {
                     Ok(()) => println!("{n}"),
                     Err(e) => {
@@ -312,9 +350,14 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
             }
             Ok(code)
         }
-        Command::Kill { signal, ignore, names } => {
+        Command::Kill {
+            signal,
+            ignore,
+            names,
+        } => {
             let s = scope(&docker).await?;
-            let signal = if signal.chars().all(|c| c.is_ascii_digit()) || signal.starts_with("SIG") {
+            let signal = if signal.chars().all(|c| c.is_ascii_digit()) || signal.starts_with("SIG")
+            {
                 signal
             } else {
                 format!("SIG{}", signal.to_ascii_uppercase())
@@ -339,7 +382,11 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
             }
             Ok(code)
         }
-        Command::Stop { timeout, ignore, names } => {
+        Command::Stop {
+            timeout,
+            ignore,
+            names,
+        } => {
             let s = scope(&docker).await?;
             let mut code = 0;
             for n in &names {
@@ -356,9 +403,11 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
                 }
                 match docker.stop_container(&id, Some(b.build())).await {
                     Ok(()) => println!("{n}"),
-                    Err(e) if matches!(e, bollard::errors::Error::DockerResponseServerError { status_code: 304, .. }) => {
-                        println!("{n}")
-                    }
+                    // 304: already stopped.
+                    Err(bollard::errors::Error::DockerResponseServerError {
+                        status_code: 304,
+                        ..
+                    }) => println!("{n}"),
                     Err(e) => {
                         eprintln!("Error: cannot stop container {n}: {}", message(&e));
                         code = 125;
@@ -367,7 +416,12 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
             }
             Ok(code)
         }
-        Command::Logs { follow, tail, timestamps, name } => {
+        Command::Logs {
+            follow,
+            tail,
+            timestamps,
+            name,
+        } => {
             let s = scope(&docker).await?;
             let Some(id) = owned(&docker, &s, &name).await? else {
                 eprintln!("Error: {}", ShimError::NoSuchContainer(name));
@@ -390,7 +444,10 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
                     }
                     LogOutput::StdIn { .. } => Ok(()),
                 }
-                .map_err(|source| ShimError::Io { path: "stdout".into(), source })?;
+                .map_err(|source| ShimError::Io {
+                    path: "stdout".into(),
+                    source,
+                })?;
             }
             Ok(0)
         }
@@ -422,7 +479,10 @@ fn image_value(mut v: Value) -> Value {
 
 async fn images(docker: &Docker, o: ShowOpts) -> Result<u8, ShimError> {
     let opts = ListImagesOptionsBuilder::new().all(o.all).build();
-    let list = docker.list_images(Some(opts)).await.map_err(ShimError::docker("list images"))?;
+    let list = docker
+        .list_images(Some(opts))
+        .await
+        .map_err(ShimError::docker("list images"))?;
     let items: Vec<Value> = list
         .iter()
         .map(|i| {
@@ -436,14 +496,24 @@ async fn images(docker: &Docker, o: ShowOpts) -> Result<u8, ShimError> {
         })
         .collect();
     if o.quiet {
-        items.iter().for_each(|i| println!("{}", short(i["Id"].as_str().unwrap_or(""))));
+        items
+            .iter()
+            .for_each(|i| println!("{}", short(i["Id"].as_str().unwrap_or(""))));
         return Ok(0);
     }
     show(o.format.as_deref(), &items, |items| {
-        println!("{:<40} {:<12} {:<14} {:<16} {}", "REPOSITORY", "TAG", "IMAGE ID", "CREATED", "SIZE");
+        println!(
+            "{:<40} {:<12} {:<14} {:<16} SIZE",
+            "REPOSITORY", "TAG", "IMAGE ID", "CREATED"
+        );
         for i in items {
-            let tags: Vec<String> = serde_json::from_value(i["RepoTags"].clone()).unwrap_or_default();
-            let tags = if tags.is_empty() { vec!["<none>:<none>".to_string()] } else { tags };
+            let tags: Vec<String> =
+                serde_json::from_value(i["RepoTags"].clone()).unwrap_or_default();
+            let tags = if tags.is_empty() {
+                vec!["<none>:<none>".to_string()]
+            } else {
+                tags
+            };
             for t in tags {
                 let (repo, tag) = t.rsplit_once(':').unwrap_or((&t, "<none>"));
                 println!(
@@ -468,11 +538,20 @@ async fn ps(docker: &Docker, o: ShowOpts) -> Result<u8, ShimError> {
     }
     for f in &o.filters {
         if let Some((k, v)) = f.split_once('=') {
-            filters.entry(k.to_string()).or_default().push(v.to_string());
+            filters
+                .entry(k.to_string())
+                .or_default()
+                .push(v.to_string());
         }
     }
-    let opts = ListContainersOptionsBuilder::new().all(o.all).filters(&filters).build();
-    let list = docker.list_containers(Some(opts)).await.map_err(ShimError::docker("list containers"))?;
+    let opts = ListContainersOptionsBuilder::new()
+        .all(o.all)
+        .filters(&filters)
+        .build();
+    let list = docker
+        .list_containers(Some(opts))
+        .await
+        .map_err(ShimError::docker("list containers"))?;
     let items: Vec<Value> = list
         .iter()
         .map(|c| {
@@ -495,11 +574,16 @@ async fn ps(docker: &Docker, o: ShowOpts) -> Result<u8, ShimError> {
         })
         .collect();
     if o.quiet {
-        items.iter().for_each(|i| println!("{}", short(i["Id"].as_str().unwrap_or(""))));
+        items
+            .iter()
+            .for_each(|i| println!("{}", short(i["Id"].as_str().unwrap_or(""))));
         return Ok(0);
     }
     show(o.format.as_deref(), &items, |items| {
-        println!("{:<14} {:<30} {:<20} {:<16} {:<20} {:<10} {}", "CONTAINER ID", "IMAGE", "COMMAND", "CREATED", "STATUS", "PORTS", "NAMES");
+        println!(
+            "{:<14} {:<30} {:<20} {:<16} {:<20} {:<10} NAMES",
+            "CONTAINER ID", "IMAGE", "COMMAND", "CREATED", "STATUS", "PORTS"
+        );
         for i in items {
             let cmd: Vec<String> = serde_json::from_value(i["Command"].clone()).unwrap_or_default();
             let names: Vec<String> = serde_json::from_value(i["Names"].clone()).unwrap_or_default();
@@ -528,7 +612,10 @@ mod tests {
         assert_eq!(render("{{.Id}}", &v), "abc");
         assert_eq!(render("{{ .id }} {{.Config.User}}|", &v), "abc |");
         assert_eq!(render("{{json .Config.Env}}", &v), "[\"A=1\"]");
-        assert_eq!(render("{{.Size}}\\t{{.Missing}} {{.N}}", &v), "12\t<no value> <no value>");
+        assert_eq!(
+            render("{{.Size}}\\t{{.Missing}} {{.N}}", &v),
+            "12\t<no value> <no value>"
+        );
         assert_eq!(render("{{json .}}", &json!({"a": 1})), "{\"a\":1}");
         assert_eq!(render("x {{ unterminated", &v), "x {{ unterminated");
     }

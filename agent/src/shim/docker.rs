@@ -12,24 +12,33 @@ pub const DEFAULT_SOCKET: &str = "unix:///var/run/docker.sock";
 
 /// Returns the daemon address: `DOCKER_HOST` or the default socket.
 pub fn address() -> String {
-    std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| DEFAULT_SOCKET.into())
+    std::env::var("DOCKER_HOST")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| DEFAULT_SOCKET.into())
 }
 
 /// Returns the unix socket path of `addr`, if it is one.
 pub fn socket_path(addr: &str) -> Option<&str> {
-    addr.strip_prefix("unix://").or_else(|| addr.starts_with('/').then_some(addr))
+    addr.strip_prefix("unix://")
+        .or_else(|| addr.starts_with('/').then_some(addr))
 }
 
 /// Connects to `addr` and negotiates the API version down to the daemon's
 /// (bollard speaks 1.49; this machine's 20.10 daemon speaks 1.41).
 pub async fn connect_to(addr: &str) -> Result<Docker, ShimError> {
-    let err = |source| ShimError::Connect { addr: addr.to_string(), source };
+    let err = |source| ShimError::Connect {
+        addr: addr.to_string(),
+        source,
+    };
     let docker = if let Some(path) = socket_path(addr) {
         Docker::connect_with_unix(path, 120, bollard::API_DEFAULT_VERSION).map_err(err)?
     } else if addr.starts_with("tcp://") || addr.starts_with("http://") {
         Docker::connect_with_http(addr, 120, bollard::API_DEFAULT_VERSION).map_err(err)?
     } else {
-        return Err(err(BollardError::UnsupportedURISchemeError { uri: addr.to_string() }));
+        return Err(err(BollardError::UnsupportedURISchemeError {
+            uri: addr.to_string(),
+        }));
     };
     docker.negotiate_version().await.map_err(err)
 }
@@ -41,7 +50,13 @@ pub async fn connect() -> Result<Docker, ShimError> {
 
 /// Returns true if and only if `e` is the daemon's 404.
 pub fn is_not_found(e: &BollardError) -> bool {
-    matches!(e, BollardError::DockerResponseServerError { status_code: 404, .. })
+    matches!(
+        e,
+        BollardError::DockerResponseServerError {
+            status_code: 404,
+            ..
+        }
+    )
 }
 
 /// Returns the daemon's message of `e`, or its display.
@@ -71,11 +86,20 @@ pub async fn whoami(docker: &Docker) -> Result<Option<SelfContainer>, ShimError>
         return Ok(None);
     }
     for c in &candidates {
-        match docker.inspect_container(c, None::<bollard::query_parameters::InspectContainerOptions>).await {
+        match docker
+            .inspect_container(
+                c,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+        {
             Ok(i) => {
                 let me = SelfContainer::from_inspect(&i);
                 // A hostname-derived short id must really be us.
-                let hostname_ok = i.hostname_path.as_deref().is_none_or(|p| p.contains(&me.id));
+                let hostname_ok = i
+                    .hostname_path
+                    .as_deref()
+                    .is_none_or(|p| p.contains(&me.id));
                 if me.id.starts_with(c.as_str()) && hostname_ok {
                     tracing::debug!(id = %me.id, "found own container");
                     return Ok(Some(me));
@@ -91,7 +115,10 @@ pub async fn whoami(docker: &Docker) -> Result<Option<SelfContainer>, ShimError>
     if candidates.len() == 1 && candidates[0] == hostname.trim() && override_id.is_none() {
         return Ok(None);
     }
-    Err(ShimError::NoSelf { candidates, addr: address() })
+    Err(ShimError::NoSelf {
+        candidates,
+        addr: address(),
+    })
 }
 
 /// Returns the owner label value: the Ray container's id, or `host`.

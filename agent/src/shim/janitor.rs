@@ -76,13 +76,26 @@ pub fn shim_alive(pid: u32, start: Option<u64>) -> bool {
 
 async fn list(docker: &Docker, label: String) -> Result<Vec<Seen>, ShimError> {
     let filters = HashMap::from([("label".to_string(), vec![label])]);
-    let opts = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
-    let list = docker.list_containers(Some(opts)).await.map_err(ShimError::docker("list containers"))?;
+    let opts = ListContainersOptionsBuilder::new()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let list = docker
+        .list_containers(Some(opts))
+        .await
+        .map_err(ShimError::docker("list containers"))?;
     Ok(list
         .into_iter()
         .map(|c| {
-            let exited = matches!(c.state, Some(ContainerSummaryStateEnum::EXITED) | Some(ContainerSummaryStateEnum::DEAD));
-            Seen::from_labels(c.id.unwrap_or_default(), &c.labels.unwrap_or_default(), exited)
+            let exited = matches!(
+                c.state,
+                Some(ContainerSummaryStateEnum::EXITED) | Some(ContainerSummaryStateEnum::DEAD)
+            );
+            Seen::from_labels(
+                c.id.unwrap_or_default(),
+                &c.labels.unwrap_or_default(),
+                exited,
+            )
         })
         .collect())
 }
@@ -149,7 +162,13 @@ mod tests {
     use super::*;
 
     fn seen(pid: Option<u32>, rm: bool, exited: bool) -> Seen {
-        Seen { id: "c".into(), pid, start: Some(1), rm, exited }
+        Seen {
+            id: "c".into(),
+            pid,
+            start: Some(1),
+            rm,
+            exited,
+        }
     }
 
     #[test]
@@ -159,10 +178,20 @@ mod tests {
         let s = JanitorScope::DeadShims;
         assert!(doomed(s, &seen(Some(1), false, false), dead));
         assert!(doomed(s, &seen(Some(1), true, true), dead));
-        assert!(doomed(s, &seen(Some(1), false, true), dead), "a finished worker without --rm goes too");
+        assert!(
+            doomed(s, &seen(Some(1), false, true), dead),
+            "a finished worker without --rm goes too"
+        );
         assert!(!doomed(s, &seen(Some(1), true, false), live));
-        assert!(!doomed(s, &seen(None, true, false), dead), "detached containers have no shim");
-        assert!(doomed(JanitorScope::AllOwned, &seen(None, false, true), live));
+        assert!(
+            !doomed(s, &seen(None, true, false), dead),
+            "detached containers have no shim"
+        );
+        assert!(doomed(
+            JanitorScope::AllOwned,
+            &seen(None, false, true),
+            live
+        ));
     }
 
     #[test]
@@ -177,7 +206,8 @@ mod tests {
     #[test]
     fn no_socket_means_nothing_to_sweep() {
         let t = std::time::Instant::now();
-        let n = sweep_blocking_at("unix:///nonexistent/docker.sock", JanitorScope::AllOwned).unwrap();
+        let n =
+            sweep_blocking_at("unix:///nonexistent/docker.sock", JanitorScope::AllOwned).unwrap();
         assert_eq!(n, 0);
         assert!(t.elapsed() < Duration::from_secs(1));
     }

@@ -44,13 +44,25 @@ pub enum ShimError {
     #[error(transparent)]
     Policy(#[from] policy::PolicyError),
     #[error("cannot connect to the Docker daemon at {addr}: {source}")]
-    Connect { addr: String, source: bollard::errors::Error },
+    Connect {
+        addr: String,
+        source: bollard::errors::Error,
+    },
     #[error("{what}: {source}")]
-    Docker { what: String, source: bollard::errors::Error },
+    Docker {
+        what: String,
+        source: bollard::errors::Error,
+    },
     #[error("cannot confirm which container this shim runs in (candidates {candidates:?} are unknown to the daemon at {addr}); set ARGUS_SHIM_SELF_ID to the container id, or to `host`")]
-    NoSelf { candidates: Vec<String>, addr: String },
+    NoSelf {
+        candidates: Vec<String>,
+        addr: String,
+    },
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{image}: image not known locally and --pull=never")]
     ImageMissing { image: String },
     #[error("no container with name or ID {0:?} found: no such container")]
@@ -74,7 +86,10 @@ impl ShimError {
 /// forks its watchdog first.
 pub fn run(args: Vec<OsString>) -> u8 {
     init_logging();
-    let args: Vec<String> = args.into_iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let command = match args::parse(&args) {
         Ok(c) => c,
         Err(e) => return fail(&ShimError::from(e)),
@@ -83,7 +98,11 @@ pub fn run(args: Vec<OsString>) -> u8 {
         args::Command::Run(o) if !o.detach => runner::Watchdog::spawn(),
         _ => None,
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => return fail(&ShimError::Runtime(e)),
     };

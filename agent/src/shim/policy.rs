@@ -17,12 +17,18 @@ use super::translate::Plan;
 /// A refusal; the message names the rule.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PolicyError {
-    #[error("policy: --privileged is refused (rule no-privileged; ARGUS_SHIM_POLICY=relaxed lifts it)")]
+    #[error(
+        "policy: --privileged is refused (rule no-privileged; ARGUS_SHIM_POLICY=relaxed lifts it)"
+    )]
     Privileged,
     #[error("policy: --cap-add {0} is refused (rule no-cap-add-all; ARGUS_SHIM_POLICY=relaxed lifts it)")]
     CapAll(String),
     #[error("policy: binding {path} (host {host}) is refused (rule no-{rule}-bind; ARGUS_SHIM_POLICY=relaxed lifts it)")]
-    Bind { path: String, host: String, rule: &'static str },
+    Bind {
+        path: String,
+        host: String,
+        rule: &'static str,
+    },
     #[error("policy: image {image} is not in ARGUS_SHIM_ALLOWED_IMAGES (rule allowed-images)")]
     Image { image: String },
     #[error("policy: a job may not set {name} (rule no-job-policy)")]
@@ -47,18 +53,34 @@ impl Policy {
         let relaxed = matches!(get("ARGUS_SHIM_POLICY").as_deref(), Some("relaxed"));
         let allowed_images = get("ARGUS_SHIM_ALLOWED_IMAGES")
             .filter(|v| !v.trim().is_empty())
-            .map(|v| v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect());
-        let mut docker_sockets = vec!["/var/run/docker.sock".to_string(), "/run/docker.sock".to_string()];
-        if let Some(h) = get("DOCKER_HOST").and_then(|h| h.strip_prefix("unix://").map(str::to_string)) {
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            });
+        let mut docker_sockets = vec![
+            "/var/run/docker.sock".to_string(),
+            "/run/docker.sock".to_string(),
+        ];
+        if let Some(h) =
+            get("DOCKER_HOST").and_then(|h| h.strip_prefix("unix://").map(str::to_string))
+        {
             docker_sockets.push(h);
         }
-        Policy { relaxed, allowed_images, docker_sockets }
+        Policy {
+            relaxed,
+            allowed_images,
+            docker_sockets,
+        }
     }
 
     /// Returns true if and only if `image` matches the allow-list (or there
     /// is none). Short names also match in their docker.io forms.
     pub fn image_allowed(&self, image: &str) -> bool {
-        let Some(list) = &self.allowed_images else { return true };
+        let Some(list) = &self.allowed_images else {
+            return true;
+        };
         let forms = image_forms(image);
         let full = canonical(image);
         list.iter().any(|pat| match pat.strip_suffix('*') {
@@ -76,7 +98,9 @@ impl Policy {
             }
         }
         if !self.image_allowed(&o.image) {
-            return Err(PolicyError::Image { image: o.image.clone() });
+            return Err(PolicyError::Image {
+                image: o.image.clone(),
+            });
         }
         if self.relaxed {
             return Ok(());
@@ -84,17 +108,29 @@ impl Policy {
         if o.privileged {
             return Err(PolicyError::Privileged);
         }
-        if let Some(c) = o.cap_add.iter().find(|c| c.eq_ignore_ascii_case("all") || c.eq_ignore_ascii_case("CAP_ALL")) {
+        if let Some(c) = o
+            .cap_add
+            .iter()
+            .find(|c| c.eq_ignore_ascii_case("all") || c.eq_ignore_ascii_case("CAP_ALL"))
+        {
             return Err(PolicyError::CapAll(c.clone()));
         }
         for (caller, host, via_volume) in &plan.bind_sources {
             if let Some(rule) = self.bad_bind(caller, host, *via_volume) {
-                return Err(PolicyError::Bind { path: caller.clone(), host: host.clone(), rule });
+                return Err(PolicyError::Bind {
+                    path: caller.clone(),
+                    host: host.clone(),
+                    rule,
+                });
             }
         }
         for c in &plan.copies {
             if let Some(rule) = self.bad_bind(&c.source, &c.source, false) {
-                return Err(PolicyError::Bind { path: c.source.clone(), host: c.source.clone(), rule });
+                return Err(PolicyError::Bind {
+                    path: c.source.clone(),
+                    host: c.source.clone(),
+                    rule,
+                });
             }
         }
         Ok(())
@@ -108,7 +144,12 @@ impl Policy {
                 return Some("docker-socket");
             }
             // A parent of the socket exposes it too.
-            if self.docker_sockets.iter().any(|s| Path::new(s).starts_with(p) && p != "/") && p != "/" {
+            if self
+                .docker_sockets
+                .iter()
+                .any(|s| Path::new(s).starts_with(p) && p != "/")
+                && p != "/"
+            {
                 return Some("docker-socket");
             }
             if p == "/" {
@@ -147,7 +188,8 @@ pub fn canonical(image: &str) -> String {
 pub fn image_forms(image: &str) -> Vec<String> {
     let mut forms = vec![image.to_string()];
     let first = image.split('/').next().unwrap_or("");
-    let has_registry = image.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    let has_registry =
+        image.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
     if !has_registry {
         if image.contains('/') {
             forms.push(format!("docker.io/{image}"));
@@ -166,7 +208,9 @@ mod tests {
 
     fn check(policy: &Policy, argv: &[&str]) -> Result<(), PolicyError> {
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
-        let Command::Run(o) = parse(&argv).unwrap() else { panic!() };
+        let Command::Run(o) = parse(&argv).unwrap() else {
+            panic!()
+        };
         let plan = translate(&o, &Context::default()).unwrap();
         policy.check_run(&o, &plan)
     }
@@ -178,8 +222,14 @@ mod tests {
     #[test]
     fn each_rule_refuses() {
         let p = strict();
-        assert_eq!(check(&p, &["run", "--privileged", "i"]), Err(PolicyError::Privileged));
-        assert_eq!(check(&p, &["run", "--cap-add", "all", "i"]), Err(PolicyError::CapAll("all".into())));
+        assert_eq!(
+            check(&p, &["run", "--privileged", "i"]),
+            Err(PolicyError::Privileged)
+        );
+        assert_eq!(
+            check(&p, &["run", "--cap-add", "all", "i"]),
+            Err(PolicyError::CapAll("all".into()))
+        );
         assert!(check(&p, &["run", "--cap-add", "NET_ADMIN", "i"]).is_ok());
         for (path, rule) in [
             ("/var/run/docker.sock", "docker-socket"),
@@ -198,10 +248,16 @@ mod tests {
                 other => panic!("{path}: {other:?}"),
             }
         }
-        assert!(check(&p, &["run", "-v", "/srv/data:/x", "-v", "/etcetera:/y", "i"]).is_ok());
+        assert!(check(
+            &p,
+            &["run", "-v", "/srv/data:/x", "-v", "/etcetera:/y", "i"]
+        )
+        .is_ok());
         assert_eq!(
             check(&p, &["run", "-e", "ARGUS_SHIM_POLICY=relaxed", "i"]),
-            Err(PolicyError::JobPolicy { name: "ARGUS_SHIM_POLICY".into() })
+            Err(PolicyError::JobPolicy {
+                name: "ARGUS_SHIM_POLICY".into()
+            })
         );
     }
 
@@ -212,17 +268,38 @@ mod tests {
             "ARGUS_SHIM_ALLOWED_IMAGES" => Some("registry.local/ray/*, ubuntu".into()),
             _ => None,
         });
-        assert!(check(&p, &["run", "--privileged", "-v", "/:/host", "registry.local/ray/x:1"]).is_ok());
+        assert!(check(
+            &p,
+            &[
+                "run",
+                "--privileged",
+                "-v",
+                "/:/host",
+                "registry.local/ray/x:1"
+            ]
+        )
+        .is_ok());
         assert!(check(&p, &["run", "ubuntu"]).is_ok());
         assert!(check(&p, &["run", "docker.io/library/ubuntu:latest"]).is_ok());
-        assert_eq!(check(&p, &["run", "evil/ubuntu"]), Err(PolicyError::Image { image: "evil/ubuntu".into() }));
+        assert_eq!(
+            check(&p, &["run", "evil/ubuntu"]),
+            Err(PolicyError::Image {
+                image: "evil/ubuntu".into()
+            })
+        );
     }
 
     #[test]
     fn volume_sources_under_docker_data_root_are_allowed() {
         let p = strict();
-        assert_eq!(p.bad_bind("/tmp/x", "/var/lib/docker/volumes/v/_data/x", true), None);
-        assert_eq!(p.bad_bind("/mnt/d", "/var/lib/docker/overlay2", false), Some("docker-data"));
+        assert_eq!(
+            p.bad_bind("/tmp/x", "/var/lib/docker/volumes/v/_data/x", true),
+            None
+        );
+        assert_eq!(
+            p.bad_bind("/mnt/d", "/var/lib/docker/overlay2", false),
+            Some("docker-data")
+        );
         assert_eq!(p.bad_bind("/host", "/", false), Some("host-root"));
     }
 }

@@ -14,9 +14,9 @@ use bollard::errors::Error as BollardError;
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
-    DownloadFromContainerOptionsBuilder, KillContainerOptionsBuilder, RemoveContainerOptionsBuilder,
-    ResizeContainerTTYOptionsBuilder, StartContainerOptions, UploadToContainerOptionsBuilder,
-    WaitContainerOptionsBuilder,
+    DownloadFromContainerOptionsBuilder, KillContainerOptionsBuilder,
+    RemoveContainerOptionsBuilder, ResizeContainerTTYOptionsBuilder, StartContainerOptions,
+    UploadToContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -50,7 +50,10 @@ pub fn start_error_code(msg: &str) -> u8 {
     let m = msg.to_ascii_lowercase();
     if m.contains("executable file not found") || m.contains("no such file or directory") {
         EXIT_NOT_FOUND
-    } else if m.contains("permission denied") || m.contains("is a directory") || m.contains("exec format error") {
+    } else if m.contains("permission denied")
+        || m.contains("is a directory")
+        || m.contains("exec format error")
+    {
         EXIT_CANNOT_INVOKE
     } else {
         EXIT_SHIM
@@ -65,7 +68,10 @@ pub fn split_ref(image: &str) -> (String, String) {
     }
     let last_slash = image.rfind('/').map(|i| i + 1).unwrap_or(0);
     match image[last_slash..].rfind(':') {
-        Some(i) => (image[..last_slash + i].to_string(), image[last_slash + i + 1..].to_string()),
+        Some(i) => (
+            image[..last_slash + i].to_string(),
+            image[last_slash + i + 1..].to_string(),
+        ),
         None => (image.to_string(), "latest".to_string()),
     }
 }
@@ -76,7 +82,10 @@ pub async fn pull(docker: &Docker, image: &str, quiet: bool) -> Result<(), ShimE
     if !quiet {
         eprintln!("Trying to pull {image}...");
     }
-    let opts = CreateImageOptionsBuilder::new().from_image(&name).tag(&tag).build();
+    let opts = CreateImageOptionsBuilder::new()
+        .from_image(&name)
+        .tag(&tag)
+        .build();
     let mut progress = docker.create_image(Some(opts), None, None);
     while let Some(item) = progress.next().await {
         let info = item.map_err(ShimError::docker(format!("pull {image}")))?;
@@ -93,7 +102,11 @@ pub async fn pull(docker: &Docker, image: &str, quiet: bool) -> Result<(), ShimE
     Ok(())
 }
 
-async fn create(docker: &Docker, o: &RunOpts, body: ContainerCreateBody) -> Result<String, ShimError> {
+async fn create(
+    docker: &Docker,
+    o: &RunOpts,
+    body: ContainerCreateBody,
+) -> Result<String, ShimError> {
     let opts = || {
         let mut b = CreateContainerOptionsBuilder::new();
         if let Some(n) = &o.name {
@@ -111,10 +124,17 @@ async fn create(docker: &Docker, o: &RunOpts, body: ContainerCreateBody) -> Resu
         Ok(r) => return Ok(r.id),
         Err(e) if is_not_found(&e) && message(&e).to_ascii_lowercase().contains("image") => {
             if o.pull == PullPolicy::Never {
-                return Err(ShimError::ImageMissing { image: o.image.clone() });
+                return Err(ShimError::ImageMissing {
+                    image: o.image.clone(),
+                });
             }
         }
-        Err(e) => return Err(ShimError::docker(format!("create container from {}", o.image))(e)),
+        Err(e) => {
+            return Err(ShimError::docker(format!(
+                "create container from {}",
+                o.image
+            ))(e))
+        }
     }
     if !o.quiet {
         eprintln!("Resolving \"{}\" (image not known locally)", o.image);
@@ -124,13 +144,19 @@ async fn create(docker: &Docker, o: &RunOpts, body: ContainerCreateBody) -> Resu
         .create_container(Some(opts()), body)
         .await
         .map(|r| r.id)
-        .map_err(ShimError::docker(format!("create container from {}", o.image)))
+        .map_err(ShimError::docker(format!(
+            "create container from {}",
+            o.image
+        )))
 }
 
 /// Removes container `id` (force, with its anonymous volumes); a container
 /// already gone is fine.
 pub async fn remove(docker: &Docker, id: &str) {
-    let opts = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+    let opts = RemoveContainerOptionsBuilder::new()
+        .force(true)
+        .v(true)
+        .build();
     match docker.remove_container(id, Some(opts)).await {
         Ok(()) => {}
         Err(e) if is_not_found(&e) => {}
@@ -138,10 +164,17 @@ pub async fn remove(docker: &Docker, id: &str) {
     }
 }
 
-async fn context(docker: &Docker, o: &RunOpts, me: Option<translate::SelfContainer>) -> Result<Context, ShimError> {
+async fn context(
+    docker: &Docker,
+    o: &RunOpts,
+    me: Option<translate::SelfContainer>,
+) -> Result<Context, ShimError> {
     let runtimes = match &o.runtime {
         Some(_) => {
-            let info = docker.info().await.map_err(ShimError::docker("read daemon info"))?;
+            let info = docker
+                .info()
+                .await
+                .map_err(ShimError::docker("read daemon info"))?;
             Some(info.runtimes.unwrap_or_default().into_keys().collect())
         }
         None => None,
@@ -155,7 +188,10 @@ async fn context(docker: &Docker, o: &RunOpts, me: Option<translate::SelfContain
     }
     let mut env_files = HashMap::new();
     for f in &o.env_files {
-        let text = std::fs::read_to_string(f).map_err(|source| ShimError::Io { path: f.clone(), source })?;
+        let text = std::fs::read_to_string(f).map_err(|source| ShimError::Io {
+            path: f.clone(),
+            source,
+        })?;
         env_files.insert(f.clone(), text);
     }
     let owner = docker::owner_of(me.as_ref());
@@ -165,7 +201,12 @@ async fn context(docker: &Docker, o: &RunOpts, me: Option<translate::SelfContain
         uid: nix::unistd::getuid().as_raw(),
         gid: nix::unistd::getgid().as_raw(),
         env: std::env::vars_os()
-            .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.to_string_lossy().into_owned(),
+                )
+            })
             .collect(),
         runtimes,
         owner,
@@ -207,15 +248,26 @@ pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
     code
 }
 
-async fn run_created(docker: &Docker, o: &RunOpts, copies: &[Copy], id: &str) -> Result<u8, ShimError> {
+async fn run_created(
+    docker: &Docker,
+    o: &RunOpts,
+    copies: &[Copy],
+    id: &str,
+) -> Result<u8, ShimError> {
     if let Some(f) = &o.cidfile {
-        std::fs::write(f, id).map_err(|source| ShimError::Io { path: f.clone(), source })?;
+        std::fs::write(f, id).map_err(|source| ShimError::Io {
+            path: f.clone(),
+            source,
+        })?;
     }
     for c in copies {
         copy_in(docker, id, c).await?;
     }
     if o.detach {
-        if let Err(e) = docker.start_container(id, None::<StartContainerOptions>).await {
+        if let Err(e) = docker
+            .start_container(id, None::<StartContainerOptions>)
+            .await
+        {
             eprintln!("Error: {}", message(&e));
             return Ok(start_error_code(&message(&e)));
         }
@@ -232,8 +284,14 @@ async fn run_created(docker: &Docker, o: &RunOpts, copies: &[Copy], id: &str) ->
         .attach_container(id, Some(attach))
         .await
         .map_err(ShimError::docker(format!("attach to container {id}")))?;
-    let _raw = if o.tty && o.interactive { RawTerminal::enable() } else { None };
-    let signals = o.sig_proxy.then(|| forward_signals(docker.clone(), id.to_string(), o.tty));
+    let _raw = if o.tty && o.interactive {
+        RawTerminal::enable()
+    } else {
+        None
+    };
+    let signals = o
+        .sig_proxy
+        .then(|| forward_signals(docker.clone(), id.to_string(), o.tty));
     let pump = tokio::spawn(async move {
         while let Some(item) = output.next().await {
             let result = match item {
@@ -273,7 +331,10 @@ async fn run_created(docker: &Docker, o: &RunOpts, copies: &[Copy], id: &str) ->
             std::future::pending::<()>().await;
         }))
     };
-    if let Err(e) = docker.start_container(id, None::<StartContainerOptions>).await {
+    if let Err(e) = docker
+        .start_container(id, None::<StartContainerOptions>)
+        .await
+    {
         let msg = message(&e);
         eprintln!("Error: {msg}");
         pump.abort();
@@ -282,16 +343,22 @@ async fn run_created(docker: &Docker, o: &RunOpts, copies: &[Copy], id: &str) ->
     if o.tty {
         resize(docker, id).await;
     }
-    let wait = WaitContainerOptionsBuilder::new().condition("not-running").build();
+    let wait = WaitContainerOptionsBuilder::new()
+        .condition("not-running")
+        .build();
     let status = docker.wait_container(id, Some(wait)).next().await;
     let code: i64 = match status {
         Some(Ok(r)) => r.status_code,
         Some(Err(BollardError::DockerContainerWaitError { code, .. })) => code,
         Some(Err(e)) => return Err(ShimError::docker(format!("wait for container {id}"))(e)),
-        None => return Err(ShimError::Docker {
-            what: format!("wait for container {id}"),
-            source: BollardError::DockerStreamError { error: "no wait result".into() },
-        }),
+        None => {
+            return Err(ShimError::Docker {
+                what: format!("wait for container {id}"),
+                source: BollardError::DockerStreamError {
+                    error: "no wait result".into(),
+                },
+            })
+        }
     };
     // dockerd flushes the copiers for up to 2 s after exit.
     let _ = tokio::time::timeout(Duration::from_secs(2), pump).await;
@@ -350,11 +417,19 @@ fn forward_signals(docker: Docker, id: String, tty: bool) -> tokio::task::JoinHa
 
 /// Sets the container's TTY size to our terminal's.
 async fn resize(docker: &Docker, id: &str) {
-    let mut ws = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
     // SAFETY: TIOCGWINSZ writes a winsize into the pointed-to struct.
     let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0;
     if ok && ws.ws_row > 0 {
-        let opts = ResizeContainerTTYOptionsBuilder::new().h(ws.ws_row.into()).w(ws.ws_col.into()).build();
+        let opts = ResizeContainerTTYOptionsBuilder::new()
+            .h(ws.ws_row.into())
+            .w(ws.ws_col.into())
+            .build();
         if let Err(e) = docker.resize_container_tty(id, opts).await {
             tracing::debug!(error = %message(&e), "resize failed");
         }
@@ -378,7 +453,11 @@ impl RawTerminal {
 
 impl Drop for RawTerminal {
     fn drop(&mut self) {
-        let _ = nix::sys::termios::tcsetattr(std::io::stdin().as_fd(), nix::sys::termios::SetArg::TCSANOW, &self.0);
+        let _ = nix::sys::termios::tcsetattr(
+            std::io::stdin().as_fd(),
+            nix::sys::termios::SetArg::TCSANOW,
+            &self.0,
+        );
     }
 }
 
@@ -387,7 +466,10 @@ impl Drop for RawTerminal {
 /// missing parents of `target`.
 pub fn tar_for(source: &Path, target: &str) -> Result<Vec<u8>, ShimError> {
     let rel = target.trim_start_matches('/');
-    let err = |e| ShimError::Io { path: source.display().to_string(), source: e };
+    let err = |e| ShimError::Io {
+        path: source.display().to_string(),
+        source: e,
+    };
     let mut b = tar::Builder::new(Vec::new());
     b.follow_symlinks(false);
     let meta = std::fs::metadata(source).map_err(err)?;
@@ -403,7 +485,10 @@ pub fn tar_for(source: &Path, target: &str) -> Result<Vec<u8>, ShimError> {
 /// entries start with the target's base name) into `dest`, the bind source.
 /// Entries that would leave `dest` are skipped.
 pub fn untar_into(bytes: &[u8], dest: &Path) -> Result<usize, ShimError> {
-    let err = |e| ShimError::Io { path: dest.display().to_string(), source: e };
+    let err = |e| ShimError::Io {
+        path: dest.display().to_string(),
+        source: e,
+    };
     let mut archive = tar::Archive::new(bytes);
     let mut n = 0;
     for entry in archive.entries().map_err(err)? {
@@ -412,10 +497,17 @@ pub fn untar_into(bytes: &[u8], dest: &Path) -> Result<usize, ShimError> {
         let mut comps = path.components();
         comps.next();
         let rest: PathBuf = comps.collect();
-        if rest.components().any(|c| !matches!(c, Component::Normal(_))) {
+        if rest
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_)))
+        {
             continue;
         }
-        let target = if rest.as_os_str().is_empty() { dest.to_path_buf() } else { dest.join(&rest) };
+        let target = if rest.as_os_str().is_empty() {
+            dest.to_path_buf()
+        } else {
+            dest.join(&rest)
+        };
         if entry.header().entry_type().is_dir() {
             std::fs::create_dir_all(&target).map_err(err)?;
             continue;
@@ -435,15 +527,23 @@ async fn copy_in(docker: &Docker, id: &str, c: &Copy) -> Result<(), ShimError> {
     docker
         .upload_to_container(id, Some(opts), bollard::body_full(bytes.into()))
         .await
-        .map_err(ShimError::docker(format!("copy {} into container {id} at {}", c.source, c.target)))
+        .map_err(ShimError::docker(format!(
+            "copy {} into container {id} at {}",
+            c.source, c.target
+        )))
 }
 
 async fn copy_back(docker: &Docker, id: &str, c: &Copy) -> Result<(), ShimError> {
-    let opts = DownloadFromContainerOptionsBuilder::new().path(&c.target).build();
+    let opts = DownloadFromContainerOptionsBuilder::new()
+        .path(&c.target)
+        .build();
     let mut stream = docker.download_from_container(id, Some(opts));
     let mut bytes = Vec::new();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(ShimError::docker(format!("copy {} back from container {id}", c.target)))?;
+        let chunk = chunk.map_err(ShimError::docker(format!(
+            "copy {} back from container {id}",
+            c.target
+        )))?;
         bytes.extend_from_slice(&chunk);
     }
     untar_into(&bytes, Path::new(&c.source))?;
@@ -499,7 +599,11 @@ fn watchdog_main(read: OwnedFd, shim_pid: u32, shim_start: u64) -> ! {
     let _ = nix::unistd::setsid();
     // Hold none of the shim's descriptors: Ray reads the probe's stdout and
     // stderr pipes to EOF.
-    if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
         for fd in 0..3 {
             // SAFETY: dup2 onto the standard descriptors.
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
@@ -507,7 +611,9 @@ fn watchdog_main(read: OwnedFd, shim_pid: u32, shim_start: u64) -> ! {
     }
     let keep = read.as_raw_fd();
     if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
-        let fds: Vec<i32> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+        let fds: Vec<i32> = dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
         for fd in fds.into_iter().filter(|&fd| fd > 2 && fd != keep) {
             // SAFETY: closing descriptors this fresh child does not use.
             unsafe { libc::close(fd) };
@@ -523,9 +629,14 @@ fn watchdog_main(read: OwnedFd, shim_pid: u32, shim_start: u64) -> ! {
         }
     };
     if !done {
-        if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
             rt.block_on(async {
-                let Ok(docker) = docker::connect().await else { return };
+                let Ok(docker) = docker::connect().await else {
+                    return;
+                };
                 for delay in [0u64, 1000, 2500] {
                     tokio::time::sleep(Duration::from_millis(delay)).await;
                     let _ = janitor::sweep_shim(&docker, shim_pid, shim_start).await;
@@ -543,18 +654,38 @@ mod tests {
 
     #[test]
     fn start_errors_map_like_the_docker_cli() {
-        assert_eq!(start_error_code("OCI runtime create failed: exec: \"nope\": executable file not found in $PATH"), 127);
-        assert_eq!(start_error_code("exec: \"/x\": stat /x: no such file or directory"), 127);
+        assert_eq!(
+            start_error_code(
+                "OCI runtime create failed: exec: \"nope\": executable file not found in $PATH"
+            ),
+            127
+        );
+        assert_eq!(
+            start_error_code("exec: \"/x\": stat /x: no such file or directory"),
+            127
+        );
         assert_eq!(start_error_code("exec: \"/etc\": permission denied"), 126);
-        assert_eq!(start_error_code("cannot join network of a non running container"), 125);
+        assert_eq!(
+            start_error_code("cannot join network of a non running container"),
+            125
+        );
     }
 
     #[test]
     fn image_refs_split_into_name_and_tag() {
         assert_eq!(split_ref("ubuntu"), ("ubuntu".into(), "latest".into()));
-        assert_eq!(split_ref("r.io:5000/a/b:2.53"), ("r.io:5000/a/b".into(), "2.53".into()));
-        assert_eq!(split_ref("r.io:5000/a/b"), ("r.io:5000/a/b".into(), "latest".into()));
-        assert_eq!(split_ref("a@sha256:00"), ("a@sha256:00".into(), String::new()));
+        assert_eq!(
+            split_ref("r.io:5000/a/b:2.53"),
+            ("r.io:5000/a/b".into(), "2.53".into())
+        );
+        assert_eq!(
+            split_ref("r.io:5000/a/b"),
+            ("r.io:5000/a/b".into(), "latest".into())
+        );
+        assert_eq!(
+            split_ref("a@sha256:00"),
+            ("a@sha256:00".into(), String::new())
+        );
     }
 
     #[test]
@@ -574,12 +705,17 @@ mod tests {
         let mut h = tar::Header::new_gnu();
         h.set_size(3);
         h.set_mode(0o644);
-        b.append_data(&mut h, "shared/worker_path.txt", &b"abc"[..]).unwrap();
+        b.append_data(&mut h, "shared/worker_path.txt", &b"abc"[..])
+            .unwrap();
         let mut h = tar::Header::new_gnu();
         h.set_size(1);
-        b.append_data(&mut h, "shared/../../evil", &b"x"[..]).unwrap_or(());
+        b.append_data(&mut h, "shared/../../evil", &b"x"[..])
+            .unwrap_or(());
         let back = b.into_inner().unwrap();
         assert_eq!(untar_into(&back, src.path()).unwrap(), 1);
-        assert_eq!(std::fs::read_to_string(src.path().join("worker_path.txt")).unwrap(), "abc");
+        assert_eq!(
+            std::fs::read_to_string(src.path().join("worker_path.txt")).unwrap(),
+            "abc"
+        );
     }
 }

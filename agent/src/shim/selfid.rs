@@ -7,7 +7,9 @@
 
 /// Returns true if and only if `s` is `n` lowercase hex digits.
 fn is_hex(s: &str, n: usize) -> bool {
-    s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == n
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Finds 64-hex ids after `/containers/` in the root field of mountinfo,
@@ -17,14 +19,22 @@ pub fn from_mountinfo(text: &str) -> Vec<String> {
     let mut others = Vec::new();
     for line in text.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
-        let (Some(root), Some(mount_point)) = (fields.get(3), fields.get(4)) else { continue };
-        let Some(pos) = root.find("/containers/") else { continue };
+        let (Some(root), Some(mount_point)) = (fields.get(3), fields.get(4)) else {
+            continue;
+        };
+        let Some(pos) = root.find("/containers/") else {
+            continue;
+        };
         let rest = &root[pos + "/containers/".len()..];
         let id = rest.split('/').next().unwrap_or("");
         if !is_hex(id, 64) {
             continue;
         }
-        let list = if *mount_point == "/etc/hostname" { &mut preferred } else { &mut others };
+        let list = if *mount_point == "/etc/hostname" {
+            &mut preferred
+        } else {
+            &mut others
+        };
         if !list.iter().any(|x| x == id) {
             list.push(id.to_string());
         }
@@ -52,12 +62,20 @@ pub fn from_cgroup(text: &str) -> Vec<String> {
 }
 
 /// Returns every candidate id or id prefix, best first.
-pub fn candidates(override_id: Option<&str>, mountinfo: &str, cgroup: &str, hostname: &str) -> Vec<String> {
+pub fn candidates(
+    override_id: Option<&str>,
+    mountinfo: &str,
+    cgroup: &str,
+    hostname: &str,
+) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     if let Some(o) = override_id.filter(|o| !o.is_empty()) {
         out.push(o.to_string());
     }
-    for c in from_mountinfo(mountinfo).into_iter().chain(from_cgroup(cgroup)) {
+    for c in from_mountinfo(mountinfo)
+        .into_iter()
+        .chain(from_cgroup(cgroup))
+    {
         if !out.contains(&c) {
             out.push(c);
         }
@@ -84,17 +102,27 @@ mod tests {
              631 612 259:1 /var/lib/docker/containers/{ID}/hostname /etc/hostname rw,relatime - ext4 /dev/root rw\n\
              632 612 259:1 /var/lib/docker/containers/{ID}/hosts /etc/hosts rw - ext4 /dev/root rw\n"
         );
-        assert_eq!(from_mountinfo(&text), vec![ID.to_string(), other.to_string()]);
+        assert_eq!(
+            from_mountinfo(&text),
+            vec![ID.to_string(), other.to_string()]
+        );
         // A separate /var/lib/docker file system shows /containers/<id>/… .
-        let text = format!("631 612 8:1 /containers/{ID}/hostname /etc/hostname rw - ext4 /dev/sdb rw\n");
+        let text =
+            format!("631 612 8:1 /containers/{ID}/hostname /etc/hostname rw - ext4 /dev/sdb rw\n");
         assert_eq!(from_mountinfo(&text), vec![ID.to_string()]);
         assert!(from_mountinfo("25 1 0:23 / /sys rw - sysfs sysfs rw\n").is_empty());
     }
 
     #[test]
     fn cgroup_v1_paths_and_v2_root() {
-        assert_eq!(from_cgroup(&format!("12:memory:/docker/{ID}\n")), vec![ID.to_string()]);
-        assert_eq!(from_cgroup(&format!("1:name=systemd:/system.slice/docker-{ID}.scope\n")), vec![ID.to_string()]);
+        assert_eq!(
+            from_cgroup(&format!("12:memory:/docker/{ID}\n")),
+            vec![ID.to_string()]
+        );
+        assert_eq!(
+            from_cgroup(&format!("1:name=systemd:/system.slice/docker-{ID}.scope\n")),
+            vec![ID.to_string()]
+        );
         assert!(from_cgroup("0::/\n").is_empty());
     }
 

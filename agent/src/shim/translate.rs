@@ -31,7 +31,11 @@ pub enum TranslateError {
     #[error("--gpus {0}: this container has no GPUs to give")]
     NoGpus(String),
     #[error("--gpus {value}: this container has only {have} GPU(s): {list}")]
-    TooManyGpus { value: String, have: usize, list: String },
+    TooManyGpus {
+        value: String,
+        have: usize,
+        list: String,
+    },
     #[error("invalid value {value:?} for {flag}")]
     BadValue { flag: String, value: String },
     #[error("--runtime {0}: the Docker daemon has no such runtime (it has: {1})")]
@@ -101,15 +105,21 @@ impl SelfContainer {
                 rw: m.rw.unwrap_or(false),
             })
             .collect();
-        let env_gpus = cfg
-            .env
-            .iter()
-            .flatten()
-            .find_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES=").map(str::to_string));
+        let env_gpus = cfg.env.iter().flatten().find_map(|e| {
+            e.strip_prefix("NVIDIA_VISIBLE_DEVICES=")
+                .map(str::to_string)
+        });
         let mut gpus = Gpus::List(vec![]);
         for r in hc.device_requests.iter().flatten() {
-            let is_gpu = r.driver.as_deref().is_none_or(|d| d.is_empty() || d == "nvidia")
-                || r.capabilities.iter().flatten().flatten().any(|c| c == "gpu");
+            let is_gpu = r
+                .driver
+                .as_deref()
+                .is_none_or(|d| d.is_empty() || d == "nvidia")
+                || r.capabilities
+                    .iter()
+                    .flatten()
+                    .flatten()
+                    .any(|c| c == "gpu");
             if !is_gpu {
                 continue;
             }
@@ -149,7 +159,11 @@ impl SelfContainer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostPath {
     /// At this host path; `read_only` when the Ray container's mount is.
-    At { path: String, read_only: bool, via_volume: bool },
+    At {
+        path: String,
+        read_only: bool,
+        via_volume: bool,
+    },
     /// Nowhere: the path is on the Ray container's own file system or tmpfs.
     NotVisible,
 }
@@ -180,7 +194,11 @@ pub fn normalize(p: &Path) -> PathBuf {
 /// the mount with the longest destination that is a path prefix wins.
 pub fn to_host(me: Option<&SelfContainer>, path: &Path) -> HostPath {
     let Some(me) = me else {
-        return HostPath::At { path: path.display().to_string(), read_only: false, via_volume: false };
+        return HostPath::At {
+            path: path.display().to_string(),
+            read_only: false,
+            via_volume: false,
+        };
     };
     let best = me
         .mounts
@@ -227,7 +245,10 @@ pub struct Context {
 
 impl Context {
     fn getenv(&self, k: &str) -> Option<&str> {
-        self.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+        self.env
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -290,19 +311,27 @@ fn gpu_ids(flag: &str, value: &str, have: &Gpus) -> Result<Option<Vec<String>>, 
         }
         return Ok(Some(out));
     }
-    let n: usize = value_s
-        .parse()
-        .map_err(|_| TranslateError::BadValue { flag: flag.into(), value: value.into() })?;
+    let n: usize = value_s.parse().map_err(|_| TranslateError::BadValue {
+        flag: flag.into(),
+        value: value.into(),
+    })?;
     match list {
         None => Ok(Some((0..n).map(|i| i.to_string()).collect())),
         Some(l) if n <= l.len() && n > 0 => Ok(Some(l[..n].to_vec())),
         Some(l) if l.is_empty() => Err(TranslateError::NoGpus(value.into())),
-        Some(l) => Err(TranslateError::TooManyGpus { value: value.into(), have: l.len(), list: l.join(",") }),
+        Some(l) => Err(TranslateError::TooManyGpus {
+            value: value.into(),
+            have: l.len(),
+            list: l.join(","),
+        }),
     }
 }
 
 fn parse_size(flag: &str, v: &str) -> Result<i64, TranslateError> {
-    let bad = || TranslateError::BadValue { flag: flag.into(), value: v.into() };
+    let bad = || TranslateError::BadValue {
+        flag: flag.into(),
+        value: v.into(),
+    };
     let lower = v.to_ascii_lowercase();
     let t = lower.trim_end_matches('b');
     let (num, mult) = match t.chars().last() {
@@ -334,7 +363,8 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
     let me = ctx.me.as_ref();
     let mut plan = Plan::default();
     for f in &o.ignored {
-        plan.warnings.push(format!("{f} has no meaning on Docker and is ignored"));
+        plan.warnings
+            .push(format!("{f} has no meaning on Docker and is ignored"));
     }
 
     // Environment: --env-host, proxies, env files, then -e (last wins).
@@ -349,7 +379,16 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
         }
     }
     if o.http_proxy {
-        for k in ["http_proxy", "https_proxy", "ftp_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "FTP_PROXY", "NO_PROXY"] {
+        for k in [
+            "http_proxy",
+            "https_proxy",
+            "ftp_proxy",
+            "no_proxy",
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "FTP_PROXY",
+            "NO_PROXY",
+        ] {
             if let Some(v) = ctx.getenv(k) {
                 set(&mut env, k, v);
             }
@@ -357,10 +396,13 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
     }
     let mut entries: Vec<String> = Vec::new();
     for path in &o.env_files {
-        let text = ctx.env_files.get(path).ok_or_else(|| TranslateError::EnvFile {
-            path: path.clone(),
-            reason: "cannot be read".into(),
-        })?;
+        let text = ctx
+            .env_files
+            .get(path)
+            .ok_or_else(|| TranslateError::EnvFile {
+                path: path.clone(),
+                reason: "cannot be read".into(),
+            })?;
         entries.extend(parse_env_file(text));
     }
     entries.extend(o.env.iter().cloned());
@@ -392,7 +434,11 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
     for v in &o.volumes {
         if v.source.is_empty() || !v.is_path() {
             // Anonymous or named volume: a name on the host daemon.
-            let mut spec = if v.source.is_empty() { v.target.clone() } else { format!("{}:{}", v.source, v.target) };
+            let mut spec = if v.source.is_empty() {
+                v.target.clone()
+            } else {
+                format!("{}:{}", v.source, v.target)
+            };
             if !v.options.is_empty() {
                 spec = format!("{spec}:{}", v.options.join(","));
             }
@@ -405,12 +451,22 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
             .cloned()
             .unwrap_or_else(|| normalize(Path::new(&v.source)).display().to_string());
         match to_host(me, Path::new(&canonical)) {
-            HostPath::At { path, read_only, via_volume } => {
-                let mut opts: Vec<String> = v.options.iter().filter(|o| *o != "ro" && *o != "rw").cloned().collect();
+            HostPath::At {
+                path,
+                read_only,
+                via_volume,
+            } => {
+                let mut opts: Vec<String> = v
+                    .options
+                    .iter()
+                    .filter(|o| *o != "ro" && *o != "rw")
+                    .cloned()
+                    .collect();
                 if read_only || v.read_only() {
                     opts.insert(0, "ro".into());
                 }
-                plan.bind_sources.push((canonical.clone(), path.clone(), via_volume));
+                plan.bind_sources
+                    .push((canonical.clone(), path.clone(), via_volume));
                 binds.push(if opts.is_empty() {
                     format!("{path}:{}", v.target)
                 } else {
@@ -419,9 +475,15 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
             }
             HostPath::NotVisible => {
                 if o.rm && !o.detach {
-                    plan.copies.push(Copy { source: canonical, target: v.target.clone() });
+                    plan.copies.push(Copy {
+                        source: canonical,
+                        target: v.target.clone(),
+                    });
                 } else {
-                    return Err(TranslateError::NotHostVisible { path: v.source.clone(), target: v.target.clone() });
+                    return Err(TranslateError::NotHostVisible {
+                        path: v.source.clone(),
+                        target: v.target.clone(),
+                    });
                 }
             }
         }
@@ -453,8 +515,14 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
             }
             "slirp4netns" | "pasta" | "private" | "bridge" => "bridge".into(),
             "none" => "none".into(),
-            n if n.starts_with("ns:") || n.starts_with("slirp4netns:") || n.starts_with("pasta:") => {
-                return Err(TranslateError::Unsupported { flag: "--network".into(), value: n.into() })
+            n if n.starts_with("ns:")
+                || n.starts_with("slirp4netns:")
+                || n.starts_with("pasta:") =>
+            {
+                return Err(TranslateError::Unsupported {
+                    flag: "--network".into(),
+                    value: n.into(),
+                })
             }
             n => {
                 shared_net = n.starts_with("container:");
@@ -466,11 +534,17 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
         // Docker refuses these with a shared network namespace; podman with
         // --network=host ignores them, so they are dropped with a warning.
         if hostname.take().is_some() {
-            plan.warnings.push("--hostname is ignored with a shared network namespace".into());
+            plan.warnings
+                .push("--hostname is ignored with a shared network namespace".into());
         }
-        for (flag, set) in [("--publish", &o.publish), ("--add-host", &o.add_host), ("--dns", &o.dns)] {
+        for (flag, set) in [
+            ("--publish", &o.publish),
+            ("--add-host", &o.add_host),
+            ("--dns", &o.dns),
+        ] {
             if !set.is_empty() {
-                plan.warnings.push(format!("{flag} is ignored with a shared network namespace"));
+                plan.warnings
+                    .push(format!("{flag} is ignored with a shared network namespace"));
             }
         }
     } else {
@@ -481,7 +555,10 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
             hc.dns = Some(o.dns.clone());
         }
         if !o.publish.is_empty() {
-            return Err(TranslateError::Unsupported { flag: "--publish".into(), value: o.publish.join(",") });
+            return Err(TranslateError::Unsupported {
+                flag: "--publish".into(),
+                value: o.publish.join(","),
+            });
         }
     }
     if let Some(p) = o.pid.as_deref() {
@@ -489,7 +566,12 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
             "host" => caller_ns(me, |m| &m.pid_mode),
             "private" | "" => String::new(),
             p if p.starts_with("container:") => p.into(),
-            p => return Err(TranslateError::Unsupported { flag: "--pid".into(), value: p.into() }),
+            p => {
+                return Err(TranslateError::Unsupported {
+                    flag: "--pid".into(),
+                    value: p.into(),
+                })
+            }
         });
     }
     if let Some(i) = o.ipc.as_deref() {
@@ -506,7 +588,12 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
             }
             ("private" | "shareable" | "none", _) => i.into(),
             (i, _) if i.starts_with("container:") => i.into(),
-            (i, _) => return Err(TranslateError::Unsupported { flag: "--ipc".into(), value: i.into() }),
+            (i, _) => {
+                return Err(TranslateError::Unsupported {
+                    flag: "--ipc".into(),
+                    value: i.into(),
+                })
+            }
         });
     }
     if let Some(u) = o.uts.as_deref() {
@@ -514,12 +601,22 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
             ("host", None) => hc.uts_mode = Some("host".into()),
             ("host", Some(m)) if m.uts_mode == "host" => hc.uts_mode = Some("host".into()),
             ("host", Some(m)) => {
-                if !hc.network_mode.as_deref().unwrap_or("").starts_with("container:") {
+                if !hc
+                    .network_mode
+                    .as_deref()
+                    .unwrap_or("")
+                    .starts_with("container:")
+                {
                     hostname = Some(m.hostname.clone());
                 }
             }
             ("private" | "", _) => {}
-            (u, _) => return Err(TranslateError::Unsupported { flag: "--uts".into(), value: u.into() }),
+            (u, _) => {
+                return Err(TranslateError::Unsupported {
+                    flag: "--uts".into(),
+                    value: u.into(),
+                })
+            }
         }
     }
 
@@ -529,11 +626,20 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
         if let Some(rest) = ns.strip_prefix("keep-id") {
             let mut uid = ctx.uid.to_string();
             let mut gid = ctx.gid.to_string();
-            for kv in rest.trim_start_matches(':').split(',').filter(|s| !s.is_empty()) {
+            for kv in rest
+                .trim_start_matches(':')
+                .split(',')
+                .filter(|s| !s.is_empty())
+            {
                 match kv.split_once('=') {
                     Some(("uid", v)) => uid = v.into(),
                     Some(("gid", v)) => gid = v.into(),
-                    _ => return Err(TranslateError::BadValue { flag: "--userns".into(), value: ns.into() }),
+                    _ => {
+                        return Err(TranslateError::BadValue {
+                            flag: "--userns".into(),
+                            value: ns.into(),
+                        })
+                    }
                 }
             }
             if user.is_none() {
@@ -543,7 +649,12 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
             match ns {
                 "host" => hc.userns_mode = Some("host".into()),
                 "" => {}
-                _ => return Err(TranslateError::Unsupported { flag: "--userns".into(), value: ns.into() }),
+                _ => {
+                    return Err(TranslateError::Unsupported {
+                        flag: "--userns".into(),
+                        value: ns.into(),
+                    })
+                }
             }
         }
     }
@@ -572,7 +683,10 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
         limited = Some(ids);
     }
     if let Some(r) = o.runtime.as_deref() {
-        let name = Path::new(r).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = Path::new(r)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if let Some(rts) = &ctx.runtimes {
             if !rts.contains(&name) {
                 return Err(TranslateError::NoRuntime(r.into(), rts.join(", ")));
@@ -581,7 +695,9 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
         hc.runtime = Some(name);
     }
     let nvidia_runtime = hc.runtime.as_deref() == Some("nvidia");
-    let env_all = env.iter().any(|(k, v)| k == "NVIDIA_VISIBLE_DEVICES" && v == "all");
+    let env_all = env
+        .iter()
+        .any(|(k, v)| k == "NVIDIA_VISIBLE_DEVICES" && v == "all");
     if let (Gpus::List(l), true) = (&have, nvidia_runtime || env_all) {
         // The nvidia runtime would otherwise expose every host GPU (CUDA
         // images set NVIDIA_VISIBLE_DEVICES=all).
@@ -589,7 +705,11 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
             Some(Some(ids)) => ids.clone(),
             _ => l.clone(),
         };
-        let v = if ids.is_empty() { "void".to_string() } else { ids.join(",") };
+        let v = if ids.is_empty() {
+            "void".to_string()
+        } else {
+            ids.join(",")
+        };
         set(&mut env, "NVIDIA_VISIBLE_DEVICES", &v);
     }
     if !o.devices.is_empty() {
@@ -606,7 +726,12 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
                 [h, c] if c.starts_with('/') => (*h, *c, "rwm"),
                 [h, p] => (*h, *h, *p),
                 [h, c, p] => (*h, *c, *p),
-                _ => return Err(TranslateError::BadValue { flag: "--device".into(), value: d.clone() }),
+                _ => {
+                    return Err(TranslateError::BadValue {
+                        flag: "--device".into(),
+                        value: d.clone(),
+                    })
+                }
             };
             devs.push(DeviceMapping {
                 path_on_host: Some(host.into()),
@@ -618,11 +743,13 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
             hc.devices = Some(devs);
         }
         if !cdi.is_empty() {
-            hc.device_requests.get_or_insert_with(Vec::new).push(DeviceRequest {
-                driver: Some("cdi".into()),
-                device_ids: Some(cdi),
-                ..Default::default()
-            });
+            hc.device_requests
+                .get_or_insert_with(Vec::new)
+                .push(DeviceRequest {
+                    driver: Some("cdi".into()),
+                    device_ids: Some(cdi),
+                    ..Default::default()
+                });
         }
     }
 
@@ -635,8 +762,13 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
     }
     let mut sec = Vec::new();
     for s in &o.security_opt {
-        if s.starts_with("mask=") || s.starts_with("unmask=") || s.starts_with("proc-opts=") || s == "label=nested" {
-            plan.warnings.push(format!("--security-opt {s} is podman-only and ignored"));
+        if s.starts_with("mask=")
+            || s.starts_with("unmask=")
+            || s.starts_with("proc-opts=")
+            || s == "label=nested"
+        {
+            plan.warnings
+                .push(format!("--security-opt {s} is podman-only and ignored"));
         } else {
             sec.push(s.clone());
         }
@@ -651,12 +783,17 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
         hc.memory = Some(parse_size("--memory", m)?);
     }
     if let Some(c) = &o.cpus {
-        let n: f64 = c.parse().map_err(|_| TranslateError::BadValue { flag: "--cpus".into(), value: c.clone() })?;
+        let n: f64 = c.parse().map_err(|_| TranslateError::BadValue {
+            flag: "--cpus".into(),
+            value: c.clone(),
+        })?;
         hc.nano_cpus = Some((n * 1e9) as i64);
     }
     if let Some(p) = &o.pids_limit {
-        hc.pids_limit =
-            Some(p.parse().map_err(|_| TranslateError::BadValue { flag: "--pids-limit".into(), value: p.clone() })?);
+        hc.pids_limit = Some(p.parse().map_err(|_| TranslateError::BadValue {
+            flag: "--pids-limit".into(),
+            value: p.clone(),
+        })?);
     }
     if o.init {
         hc.init = Some(true);
@@ -692,7 +829,11 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
     let attach = !o.detach;
     plan.body = ContainerCreateBody {
         image: Some(o.image.clone()),
-        cmd: if o.command.is_empty() { None } else { Some(o.command.clone()) },
+        cmd: if o.command.is_empty() {
+            None
+        } else {
+            Some(o.command.clone())
+        },
         entrypoint,
         env: Some(env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()),
         labels: Some(labels),
@@ -733,7 +874,10 @@ mod tests {
     }
 
     fn fixture(name: &str) -> SelfContainer {
-        let path = format!("{}/../tests/fixtures/shim/{name}", env!("CARGO_MANIFEST_DIR"));
+        let path = format!(
+            "{}/../tests/fixtures/shim/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let v: Vec<ContainerInspectResponse> = serde_json::from_str(&text).unwrap();
         SelfContainer::from_inspect(&v[0])
@@ -744,7 +888,10 @@ mod tests {
             me,
             uid: 1000,
             gid: 100,
-            env: vec![("RAY_JOB_ID".into(), "02000000".into()), ("HOME".into(), "/home/ray".into())],
+            env: vec![
+                ("RAY_JOB_ID".into(), "02000000".into()),
+                ("HOME".into(), "/home/ray".into()),
+            ],
             owner: "owner".into(),
             shim_pid: 4242,
             shim_start: 77,
@@ -759,7 +906,11 @@ mod tests {
         // /tmp is a volume, /tmp/ray a bind inside it: the longer one wins.
         assert_eq!(
             to_host(Some(&me), Path::new("/tmp/ray/session_1/sockets")),
-            HostPath::At { path: "/tmp/argus-shim-fixture/ray-tmp/session_1/sockets".into(), read_only: false, via_volume: false }
+            HostPath::At {
+                path: "/tmp/argus-shim-fixture/ray-tmp/session_1/sockets".into(),
+                read_only: false,
+                via_volume: false
+            }
         );
         assert_eq!(
             to_host(Some(&me), Path::new("/tmp/tmpabc")),
@@ -770,15 +921,28 @@ mod tests {
             }
         );
         // Component-wise: /data is not a prefix of /database.
-        assert_eq!(to_host(Some(&me), Path::new("/database/x")), HostPath::NotVisible);
+        assert_eq!(
+            to_host(Some(&me), Path::new("/database/x")),
+            HostPath::NotVisible
+        );
         assert_eq!(
             to_host(Some(&me), Path::new("/data")),
-            HostPath::At { path: "/tmp/argus-shim-fixture/data".into(), read_only: true, via_volume: false }
+            HostPath::At {
+                path: "/tmp/argus-shim-fixture/data".into(),
+                read_only: true,
+                via_volume: false
+            }
         );
         // The container's own overlay is not visible.
-        assert_eq!(to_host(Some(&me), Path::new("/home/ray")), HostPath::NotVisible);
+        assert_eq!(
+            to_host(Some(&me), Path::new("/home/ray")),
+            HostPath::NotVisible
+        );
         // tmpfs is not host-visible.
-        assert_eq!(to_host(Some(&me), Path::new("/dev/shm/x")), HostPath::NotVisible);
+        assert_eq!(
+            to_host(Some(&me), Path::new("/dev/shm/x")),
+            HostPath::NotVisible
+        );
         assert_eq!(me.gpus, Gpus::List(vec!["1".into(), "3".into()]));
     }
 
@@ -787,16 +951,27 @@ mod tests {
         let me = fixture("ray-node-inspect.json");
         let id = me.id.clone();
         let argv = crate::shim::args::tests::ray_worker_argv();
-        let Command::Run(o) = parse(&argv).unwrap() else { panic!() };
+        let Command::Run(o) = parse(&argv).unwrap() else {
+            panic!()
+        };
         let plan = translate(&o, &ctx(Some(me))).unwrap();
         let hc = plan.body.host_config.as_ref().unwrap();
-        assert_eq!(hc.network_mode.as_deref(), Some(format!("container:{id}").as_str()));
-        assert_eq!(hc.pid_mode.as_deref(), Some(format!("container:{id}").as_str()));
+        assert_eq!(
+            hc.network_mode.as_deref(),
+            Some(format!("container:{id}").as_str())
+        );
+        assert_eq!(
+            hc.pid_mode.as_deref(),
+            Some(format!("container:{id}").as_str())
+        );
         // The fixture's IPC mode is private: cannot be joined.
         assert_eq!(hc.ipc_mode.as_deref(), Some("private"));
         assert!(plan.warnings.iter().any(|w| w.contains("--ipc=host")));
         assert!(plan.warnings.iter().any(|w| w.contains("--cgroup-manager")));
-        assert_eq!(hc.binds.as_ref().unwrap(), &vec!["/tmp/argus-shim-fixture/ray-tmp:/tmp/ray".to_string()]);
+        assert_eq!(
+            hc.binds.as_ref().unwrap(),
+            &vec!["/tmp/argus-shim-fixture/ray-tmp:/tmp/ray".to_string()]
+        );
         assert_eq!(plan.body.user.as_deref(), Some("1000:100"));
         assert_eq!(plan.body.entrypoint, Some(vec!["python".to_string()]));
         let env = plan.body.env.unwrap();
@@ -811,7 +986,14 @@ mod tests {
 
     #[test]
     fn unexpanded_ray_job_id_is_expanded_from_env() {
-        let o = run_opts(&["run", "--env", "RAY_JOB_ID=$RAY_JOB_ID", "--env", "X=$HOME", "img"]);
+        let o = run_opts(&[
+            "run",
+            "--env",
+            "RAY_JOB_ID=$RAY_JOB_ID",
+            "--env",
+            "X=$HOME",
+            "img",
+        ]);
         let plan = translate(&o, &ctx(None)).unwrap();
         let env = plan.body.env.unwrap();
         assert!(env.contains(&"RAY_JOB_ID=02000000".to_string()));
@@ -820,7 +1002,15 @@ mod tests {
 
     #[test]
     fn on_the_host_host_means_host() {
-        let o = run_opts(&["run", "--network=host", "--pid=host", "--ipc=host", "-v", "/srv/x:/x:Z", "img"]);
+        let o = run_opts(&[
+            "run",
+            "--network=host",
+            "--pid=host",
+            "--ipc=host",
+            "-v",
+            "/srv/x:/x:Z",
+            "img",
+        ]);
         let plan = translate(&o, &ctx(None)).unwrap();
         let hc = plan.body.host_config.unwrap();
         assert_eq!(hc.network_mode.as_deref(), Some("host"));
@@ -834,9 +1024,19 @@ mod tests {
         let mut me = fixture("ray-node-inspect.json");
         me.ipc_mode = "shareable".into();
         let id = me.id.clone();
-        let o = run_opts(&["run", "--ipc=host", "--network=host", "--hostname", "h", "img"]);
+        let o = run_opts(&[
+            "run",
+            "--ipc=host",
+            "--network=host",
+            "--hostname",
+            "h",
+            "img",
+        ]);
         let plan = translate(&o, &ctx(Some(me))).unwrap();
-        assert_eq!(plan.body.host_config.unwrap().ipc_mode.unwrap(), format!("container:{id}"));
+        assert_eq!(
+            plan.body.host_config.unwrap().ipc_mode.unwrap(),
+            format!("container:{id}")
+        );
         assert_eq!(plan.body.hostname, None);
     }
 
@@ -845,7 +1045,13 @@ mod tests {
         let me = fixture("ray-node-inspect.json");
         let o = run_opts(&["run", "--rm", "-v", "/home/ray/tmpx:/shared:Z", "img"]);
         let plan = translate(&o, &ctx(Some(me.clone()))).unwrap();
-        assert_eq!(plan.copies, vec![Copy { source: "/home/ray/tmpx".into(), target: "/shared".into() }]);
+        assert_eq!(
+            plan.copies,
+            vec![Copy {
+                source: "/home/ray/tmpx".into(),
+                target: "/shared".into()
+            }]
+        );
         assert!(plan.body.host_config.unwrap().binds.is_none());
         let o = run_opts(&["run", "-v", "/home/ray/tmpx:/shared", "img"]);
         let err = translate(&o, &ctx(Some(me))).unwrap_err();
@@ -857,7 +1063,10 @@ mod tests {
         let me = fixture("ray-node-inspect.json");
         let o = run_opts(&["run", "-v", "/data/in:/in", "img"]);
         let plan = translate(&o, &ctx(Some(me))).unwrap();
-        assert_eq!(plan.body.host_config.unwrap().binds.unwrap(), vec!["/tmp/argus-shim-fixture/data/in:/in:ro".to_string()]);
+        assert_eq!(
+            plan.body.host_config.unwrap().binds.unwrap(),
+            vec!["/tmp/argus-shim-fixture/data/in:/in:ro".to_string()]
+        );
     }
 
     #[test]
@@ -865,18 +1074,45 @@ mod tests {
         let me = fixture("ray-node-inspect.json");
         let c = ctx(Some(me));
         let dr = |argv: &[&str]| {
-            translate(&run_opts(argv), &c).map(|p| p.body.host_config.unwrap().device_requests.unwrap()[0].clone())
+            translate(&run_opts(argv), &c)
+                .map(|p| p.body.host_config.unwrap().device_requests.unwrap()[0].clone())
         };
-        assert_eq!(dr(&["run", "--gpus", "all", "i"]).unwrap().device_ids, Some(vec!["1".into(), "3".into()]));
-        assert_eq!(dr(&["run", "--gpus", "1", "i"]).unwrap().device_ids, Some(vec!["1".into()]));
-        assert_eq!(dr(&["run", "--gpus", "device=1", "i"]).unwrap().device_ids, Some(vec!["3".into()]));
-        assert!(matches!(dr(&["run", "--gpus", "3", "i"]), Err(TranslateError::TooManyGpus { .. })));
-        assert!(matches!(dr(&["run", "--gpus", "x", "i"]), Err(TranslateError::BadValue { .. })));
-        let plan = translate(&run_opts(&["run", "-e", "NVIDIA_VISIBLE_DEVICES=all", "i"]), &c).unwrap();
-        assert!(plan.body.env.unwrap().contains(&"NVIDIA_VISIBLE_DEVICES=1,3".to_string()));
+        assert_eq!(
+            dr(&["run", "--gpus", "all", "i"]).unwrap().device_ids,
+            Some(vec!["1".into(), "3".into()])
+        );
+        assert_eq!(
+            dr(&["run", "--gpus", "1", "i"]).unwrap().device_ids,
+            Some(vec!["1".into()])
+        );
+        assert_eq!(
+            dr(&["run", "--gpus", "device=1", "i"]).unwrap().device_ids,
+            Some(vec!["3".into()])
+        );
+        assert!(matches!(
+            dr(&["run", "--gpus", "3", "i"]),
+            Err(TranslateError::TooManyGpus { .. })
+        ));
+        assert!(matches!(
+            dr(&["run", "--gpus", "x", "i"]),
+            Err(TranslateError::BadValue { .. })
+        ));
+        let plan = translate(
+            &run_opts(&["run", "-e", "NVIDIA_VISIBLE_DEVICES=all", "i"]),
+            &c,
+        )
+        .unwrap();
+        assert!(plan
+            .body
+            .env
+            .unwrap()
+            .contains(&"NVIDIA_VISIBLE_DEVICES=1,3".to_string()));
         // On the host (all GPUs) nothing is limited.
         let plan = translate(&run_opts(&["run", "--gpus", "all", "i"]), &ctx(None)).unwrap();
-        assert_eq!(plan.body.host_config.unwrap().device_requests.unwrap()[0].count, Some(-1));
+        assert_eq!(
+            plan.body.host_config.unwrap().device_requests.unwrap()[0].count,
+            Some(-1)
+        );
     }
 
     #[test]
@@ -884,14 +1120,27 @@ mod tests {
         let mut c = ctx(None);
         c.runtimes = Some(vec!["runc".into()]);
         let err = translate(&run_opts(&["run", "--runtime=nvidia", "i"]), &c).unwrap_err();
-        assert_eq!(err, TranslateError::NoRuntime("nvidia".into(), "runc".into()));
+        assert_eq!(
+            err,
+            TranslateError::NoRuntime("nvidia".into(), "runc".into())
+        );
         let plan = translate(&run_opts(&["run", "--runtime=/usr/bin/runc", "i"]), &c).unwrap();
-        assert_eq!(plan.body.host_config.unwrap().runtime.as_deref(), Some("runc"));
+        assert_eq!(
+            plan.body.host_config.unwrap().runtime.as_deref(),
+            Some("runc")
+        );
     }
 
     #[test]
     fn userns_keep_id_with_explicit_ids_and_env_host() {
-        let o = run_opts(&["run", "--userns=keep-id:uid=5,gid=6", "--env-host", "-e", "HOME=/x", "i"]);
+        let o = run_opts(&[
+            "run",
+            "--userns=keep-id:uid=5,gid=6",
+            "--env-host",
+            "-e",
+            "HOME=/x",
+            "i",
+        ]);
         let plan = translate(&o, &ctx(None)).unwrap();
         assert_eq!(plan.body.user.as_deref(), Some("5:6"));
         let env = plan.body.env.unwrap();
@@ -903,9 +1152,15 @@ mod tests {
     #[test]
     fn interactive_and_detached_set_attach_fields() {
         let p = translate(&run_opts(&["run", "-i", "i"]), &ctx(None)).unwrap();
-        assert_eq!((p.body.open_stdin, p.body.stdin_once, p.body.attach_stdin), (Some(true), Some(true), Some(true)));
+        assert_eq!(
+            (p.body.open_stdin, p.body.stdin_once, p.body.attach_stdin),
+            (Some(true), Some(true), Some(true))
+        );
         let p = translate(&run_opts(&["run", "-d", "-i", "i"]), &ctx(None)).unwrap();
-        assert_eq!((p.body.open_stdin, p.body.stdin_once, p.body.attach_stdout), (Some(true), Some(false), Some(false)));
+        assert_eq!(
+            (p.body.open_stdin, p.body.stdin_once, p.body.attach_stdout),
+            (Some(true), Some(false), Some(false))
+        );
         assert!(!p.body.labels.unwrap().contains_key(LABEL_PID));
     }
 }
