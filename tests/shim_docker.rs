@@ -532,3 +532,65 @@ fn inside_a_container_the_worker_path_probe_is_copied_in_and_back() {
         show(&o)
     );
 }
+
+/// Ray's probe reads the shim's stdout and stderr to EOF: the watchdog that
+/// outlives a SIGKILLed shim must not hold them open.
+#[test]
+fn sigkilled_shim_does_not_hold_its_output_pipes_open() {
+    let img = image();
+    let label = unique("pipes");
+    let mut child = podman(&["run", "--rm", "--label", &label, img, "/bin/tool", "trap"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let t = Instant::now();
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut out, &mut rest).unwrap();
+    std::io::Read::read_to_end(&mut child.stderr.take().unwrap(), &mut rest).unwrap();
+    child.wait().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(1000),
+        "pipes held open for {:?}",
+        t.elapsed()
+    );
+    // And the watchdog still removes the container.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !containers_with(&label).is_empty() {
+        assert!(Instant::now() < deadline, "container left after SIGKILL");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn run_with_a_tty_merges_stderr_into_stdout() {
+    let img = image();
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        "-t",
+        img,
+        "/bin/tool",
+        "echo",
+        "to-out",
+        "to-err",
+        "5",
+    ]));
+    assert_eq!(o.status.code(), Some(5), "{}", show(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("to-out") && out.contains("to-err"),
+        "{}",
+        show(&o)
+    );
+    assert!(stderr(&o).is_empty(), "{}", show(&o));
+}

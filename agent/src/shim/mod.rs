@@ -67,8 +67,6 @@ pub enum ShimError {
     ImageMissing { image: String },
     #[error("no container with name or ID {0:?} found: no such container")]
     NoSuchContainer(String),
-    #[error("{0}: no such image")]
-    NoSuchImage(String),
     #[error("failed to start the tokio runtime: {0}")]
     Runtime(std::io::Error),
 }
