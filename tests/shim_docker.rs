@@ -563,8 +563,9 @@ fn sigkilled_shim_does_not_hold_its_output_pipes_open() {
         "pipes held open for {:?}",
         t.elapsed()
     );
-    // And the watchdog still removes the container.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // And the watchdog still removes the container (the 5 s bound is the
+    // 20-kill test's; here only that it happens, under any machine load).
+    let deadline = Instant::now() + Duration::from_secs(20);
     while !containers_with(&label).is_empty() {
         assert!(Instant::now() < deadline, "container left after SIGKILL");
         std::thread::sleep(Duration::from_millis(100));
