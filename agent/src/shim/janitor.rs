@@ -5,7 +5,8 @@
 //! and, unless detached, the shim's pid and process start time, so a reused
 //! pid is not taken for a live shim. The node agent calls
 //! [`sweep_blocking`]; each `podman run` also sweeps at its start, and a
-//! per-run watchdog sweeps the containers of a shim that was SIGKILLed.
+//! per-run watchdog (`super::watchdog`) removes the container of a shim that
+//! was SIGKILLed.
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -12,7 +12,8 @@
 //! Layout: [`args`] parses, [`translate`] maps podman meaning onto Docker,
 //! [`policy`] refuses dangerous requests, [`selfid`] finds the Ray container,
 //! [`runner`] drives `run`, [`cmds`] the other subcommands, [`janitor`]
-//! sweeps. Only `runner`, `cmds`, `janitor` and `docker` touch the socket.
+//! sweeps, [`watchdog`] outlives a killed shim. Only `runner`, `cmds`,
+//! `janitor`, `watchdog` and `docker` touch the socket.
 
 pub mod args;
 pub mod cmds;
@@ -22,6 +23,7 @@ pub mod policy;
 pub mod runner;
 pub mod selfid;
 pub mod translate;
+pub mod watchdog;
 
 use std::ffi::OsString;
 
@@ -92,10 +94,11 @@ pub fn run(args: Vec<OsString>) -> u8 {
         Ok(c) => c,
         Err(e) => return fail(&ShimError::from(e)),
     };
-    let watchdog = match &command {
-        args::Command::Run(o) if !o.detach => runner::Watchdog::spawn(),
-        _ => None,
-    };
+    if let args::Command::Run(o) = &command {
+        if !o.detach {
+            watchdog::spawn();
+        }
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -114,9 +117,7 @@ pub fn run(args: Vec<OsString>) -> u8 {
         Ok(code) => code,
         Err(e) => fail(&e),
     };
-    if let Some(w) = watchdog {
-        w.disarm();
-    }
+    watchdog::disarm();
     // Blocking stdin readers must not keep the process alive.
     rt.shutdown_timeout(std::time::Duration::from_millis(100));
     code

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -27,6 +27,7 @@ use super::docker::{self, is_not_found, message};
 use super::janitor::{self, JanitorScope};
 use super::policy::Policy;
 use super::translate::{self, Context, Copy};
+use super::watchdog;
 use super::{ShimError, EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND, EXIT_SHIM};
 
 /// Signals forwarded to the container by name (the docker CLI forwards all
@@ -120,6 +121,7 @@ async fn create(
     if o.pull == PullPolicy::Always {
         pull(docker, &o.image, o.quiet).await?;
     }
+    watchdog::note_create();
     match docker.create_container(Some(opts()), body.clone()).await {
         Ok(r) => return Ok(r.id),
         Err(e) if is_not_found(&e) && message(&e).to_ascii_lowercase().contains("image") => {
@@ -140,6 +142,7 @@ async fn create(
         eprintln!("Resolving \"{}\" (image not known locally)", o.image);
     }
     pull(docker, &o.image, o.quiet).await?;
+    watchdog::note_create();
     docker
         .create_container(Some(opts()), body)
         .await
@@ -548,104 +551,6 @@ async fn copy_back(docker: &Docker, id: &str, c: &Copy) -> Result<(), ShimError>
     }
     untar_into(&bytes, Path::new(&c.source))?;
     Ok(())
-}
-
-/// A process that outlives a SIGKILLed shim and removes its container.
-///
-/// Forked before the tokio runtime exists. It holds the read end of a pipe
-/// whose write end only the shim holds; EOF without the "done" byte means
-/// the shim died without cleaning up (the raylet SIGKILLs workers, and the
-/// shim is the worker). It then removes the containers labelled with the
-/// shim's pid and start time, a few times to catch a create in flight.
-pub struct Watchdog {
-    write: OwnedFd,
-}
-
-impl Watchdog {
-    /// Forks the watchdog; None (with a warning) if that fails.
-    pub fn spawn() -> Option<Watchdog> {
-        let (read, write) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot create the watchdog pipe");
-                return None;
-            }
-        };
-        let pid = std::process::id();
-        let start = docker::process_start(pid).unwrap_or(0);
-        // SAFETY: called before any other thread exists (see `shim::run`),
-        // so the child may allocate and run a runtime of its own.
-        match unsafe { nix::unistd::fork() } {
-            Ok(nix::unistd::ForkResult::Child) => {
-                drop(write);
-                watchdog_main(read, pid, start)
-            }
-            Ok(nix::unistd::ForkResult::Parent { .. }) => Some(Watchdog { write }),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot fork the watchdog");
-                None
-            }
-        }
-    }
-
-    /// Tells the watchdog the shim cleaned up after itself.
-    pub fn disarm(self) {
-        let _ = nix::unistd::write(&self.write, b"d");
-    }
-}
-
-fn watchdog_main(read: OwnedFd, shim_pid: u32, shim_start: u64) -> ! {
-    use std::os::fd::AsRawFd;
-    let _ = nix::unistd::setsid();
-    // Hold none of the shim's descriptors: Ray reads the probe's stdout and
-    // stderr pipes to EOF.
-    if let Ok(null) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-    {
-        for fd in 0..3 {
-            // SAFETY: dup2 onto the standard descriptors.
-            unsafe { libc::dup2(null.as_raw_fd(), fd) };
-        }
-    }
-    let keep = read.as_raw_fd();
-    if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
-        let fds: Vec<i32> = dir
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-            .collect();
-        for fd in fds.into_iter().filter(|&fd| fd > 2 && fd != keep) {
-            // SAFETY: closing descriptors this fresh child does not use.
-            unsafe { libc::close(fd) };
-        }
-    }
-    let mut buf = [0u8; 1];
-    let done = loop {
-        match nix::unistd::read(&read, &mut buf) {
-            Ok(0) => break false,
-            Ok(_) => break buf[0] == b'd',
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => break false,
-        }
-    };
-    if !done {
-        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            rt.block_on(async {
-                let Ok(docker) = docker::connect().await else {
-                    return;
-                };
-                for delay in [0u64, 1000, 2500] {
-                    tokio::time::sleep(Duration::from_millis(delay)).await;
-                    let _ = janitor::sweep_shim(&docker, shim_pid, shim_start).await;
-                }
-            });
-        }
-    }
-    // SAFETY: leave without running the parent's atexit handlers.
-    unsafe { libc::_exit(0) }
 }
 
 #[cfg(test)]
