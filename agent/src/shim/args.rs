@@ -1088,11 +1088,20 @@ pub(crate) mod tests {
                     "run".to_string(), "-v".into(), "--rm".into(), "-it".into(), "--env".into(),
                     "image".into(), "inspect".into(), "--format".into(), "container".into(), "--".into(),
                     "-e".into(), "--network=host".into(), "--pull".into(), "ps".into(), "rm".into(),
+                    "--gpus".into(), "device=0,x".into(), "--userns=keep-id:uid=".into(), "--shm-size".into(),
+                    "1.5g".into(), "--entrypoint".into(), "[\"a\"".into(), "--ipc=host".into(), "--device".into(),
+                    "/a:/b:c:d".into(), "--tmpfs".into(), "/t:size=1m".into(), "--cpus".into(), "NaN".into(),
                 ]),
             ],
             0..12,
         )) {
-            let _ = parse(&argv);
+            // Parsing, translation and the policy only ever return errors.
+            if let Ok(Command::Run(o)) = parse(&argv) {
+                let ctx = crate::shim::translate::Context { env: vec![("RAY_JOB_ID".into(), "1".into())], ..Default::default() };
+                if let Ok(plan) = crate::shim::translate::translate(&o, &ctx) {
+                    let _ = crate::shim::policy::Policy::default().check_run(&o, &plan);
+                }
+            }
         }
     }
 }
