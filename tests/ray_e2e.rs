@@ -1,1 +1,344 @@
+//! End to end on real Ray 2.53.0 (installed by scripts/setup-ray-venv.sh
+//! into target/ray-venv): a head agent and a worker agent on this machine
+//! (node IPs 127.0.0.2 and 127.0.0.3) sharing a temp folder, through the
+//! faults of issue 2: raylet killed, GCS killed, both stopped.
 
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::{alive, free_port, Agent, Sandbox};
+
+fn venv() -> PathBuf {
+    let v = support::repo().join("target/ray-venv");
+    assert!(
+        v.join("bin/ray").exists(),
+        "real-Ray tests need ray==2.53.0 in {}: run scripts/setup-ray-venv.sh (scripts/test does)",
+        v.display()
+    );
+    v
+}
+
+fn ray_env(
+    sb: &Sandbox,
+    name: &str,
+    role: &str,
+    ip: &str,
+    gcs: u16,
+    base: u16,
+) -> BTreeMap<String, String> {
+    let v = venv();
+    let mut e = sb.env(name, role);
+    e.insert(
+        "ARGUS_RAY_BIN".into(),
+        v.join("bin/ray").display().to_string(),
+    );
+    e.insert(
+        "PATH".into(),
+        format!(
+            "{}:{}",
+            v.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        ),
+    );
+    e.insert("ARGUS_NODE_IP".into(), ip.into());
+    e.insert("ARGUS_RAY_PORT".into(), gcs.to_string());
+    e.insert("ARGUS_TTL_S".into(), "6".into());
+    e.insert("ARGUS_REFRESH_S".into(), "1".into());
+    e.insert("ARGUS_POLL_S".into(), "1".into());
+    e.insert("ARGUS_STOP_GRACE_S".into(), "6".into());
+    e.insert("ARGUS_RESTART_BACKOFF_MIN_S".into(), "0.5".into());
+    e.insert("ARGUS_RESTART_BACKOFF_MAX_S".into(), "4".into());
+    e.insert("HOME".into(), sb.path().display().to_string());
+    e.insert("RAY_USAGE_STATS_ENABLED".into(), "0".into());
+    let mut extra = format!(
+        "--num-cpus=1 --object-store-memory=80000000 --disable-usage-stats \
+         --node-manager-port={} --object-manager-port={} --metrics-export-port={} \
+         --dashboard-agent-listen-port={} --dashboard-agent-grpc-port={} \
+         --runtime-env-agent-port={} --min-worker-port={} --max-worker-port={}",
+        base,
+        base + 1,
+        base + 2,
+        base + 3,
+        base + 4,
+        base + 5,
+        base + 10,
+        base + 60
+    );
+    if role == "head" {
+        extra.push_str(&format!(
+            " --ray-client-server-port={} --temp-dir={}",
+            base + 6,
+            sb.path().join("ray").display()
+        ));
+    }
+    e.insert("ARGUS_RAY_EXTRA_ARGS".into(), extra);
+    e
+}
+
+/// How a test asks Ray for its nodes.
+#[derive(Clone, Copy, Debug)]
+enum Ask {
+    /// `GcsClient.get_all_node_info()`: works as soon as the GCS answers.
+    Gcs,
+    /// A driver: `ray.init(address=…)` then `ray.nodes()`; needs the head's
+    /// raylet registered too.
+    Driver,
+}
+
+/// Asks the cluster for its nodes through Ray's Python API until every IP
+/// in `want` has an alive node whose id is not in `old` (a node that
+/// rejoined registers under a new id), or `timeout` passes.
+fn wait_nodes(
+    gcs: &str,
+    want: &[&str],
+    old: &[String],
+    timeout: Duration,
+    ask: Ask,
+) -> Result<(Vec<Value>, f64), String> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64();
+        let script = format!(
+            r#"
+import json, sys, time
+t0 = time.time()
+want, old, mode = set({want:?}), set({old:?}), "{mode:?}"
+if mode == "Gcs":
+    from ray._raylet import GcsClient
+    from ray.core.generated import gcs_pb2
+    def nodes():
+        info = GcsClient(address="{gcs}").get_all_node_info(timeout=2)
+        return [dict(ip=n.node_manager_address, alive=n.state == gcs_pb2.GcsNodeInfo.ALIVE, id=i.hex()) for i, n in info.items()]
+else:
+    import ray
+    ray.init(address="{gcs}", _node_ip_address="127.0.0.2", logging_level="ERROR", log_to_driver=False)
+    def nodes():
+        return [dict(ip=n["NodeManagerAddress"], alive=n["Alive"], id=n["NodeID"]) for n in ray.nodes()]
+while True:
+    try:
+        ns = nodes()
+    except Exception as e:
+        ns = []
+    alive = {{n["ip"] for n in ns if n["alive"] and n["id"] not in old}}
+    if want <= alive or time.time() > t0 + {left}:
+        print(json.dumps(dict(nodes=ns, t=time.time() - t0, wall=time.time(), ok=want <= alive)))
+        break
+    time.sleep(0.2)
+"#,
+            mode = ask,
+        );
+        let out = Command::new(venv().join("bin/python"))
+            .arg("-c")
+            .arg(script)
+            .env("RAY_USAGE_STATS_ENABLED", "0")
+            .output()
+            .map_err(|e| e.to_string())?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        match serde_json::from_str::<Value>(stdout.lines().last().unwrap_or("")) {
+            Ok(v) if v["ok"] == true => {
+                let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
+                return Ok((nodes, v["wall"].as_f64().unwrap_or(0.0)));
+            }
+            Ok(v) => last = format!("nodes not alive in time: {}", v["nodes"]),
+            Err(_) => {
+                last = format!(
+                    "{ask:?} query failed: {}\n{}",
+                    stdout,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+    }
+    Err(last)
+}
+
+fn daemon_pid(agent: &Agent, name: &str) -> Option<i32> {
+    let ray_pid = agent.status()?["ray_pid"].as_i64()? as i32;
+    let mut stack = vec![ray_pid];
+    while let Some(p) = stack.pop() {
+        for (c, n) in support::children_of(p) {
+            if n == name && alive(c as i64) {
+                return Some(c);
+            }
+            stack.push(c);
+        }
+    }
+    None
+}
+
+fn leftovers(marker: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i64>() else {
+            continue;
+        };
+        if !alive(pid) {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(marker) {
+                out.push(format!("{pid}: {cmd}"));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
+    let sb = Sandbox::new();
+    let gcs_port = free_port();
+    let gcs = format!("127.0.0.2:{gcs_port}");
+    let head_env = ray_env(&sb, "head", "head", "127.0.0.2", gcs_port, 31000);
+    let mut worker_env = ray_env(&sb, "worker", "worker", "127.0.0.3", gcs_port, 32000);
+    worker_env.insert("ARGUS_RAY_PORT".into(), free_port().to_string());
+
+    let mut head = Agent::start(&sb, "head", &head_env);
+    head.wait_for("head publishes", Duration::from_secs(60), |_| {
+        sb.record().is_some_and(|r| r["state"] == "running")
+    });
+    // The worker starts after the head (both nodes share one session dir).
+    head.wait_for("head raylet", Duration::from_secs(60), |h| {
+        daemon_pid(h, "raylet").is_some()
+    });
+    let mut worker = Agent::start(&sb, "worker", &worker_env);
+    worker.wait_for("worker joins", Duration::from_secs(60), |w| {
+        w.state() == "running"
+    });
+    // Both nodes alive in ray.nodes() from a driver (panics with both logs).
+    let both_alive = |head: &Agent, worker: &Agent| {
+        wait_nodes(
+            &gcs,
+            &["127.0.0.2", "127.0.0.3"],
+            &[],
+            Duration::from_secs(120),
+            Ask::Driver,
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\n--- head ---\n{}\n--- worker ---\n{}",
+                head.log(),
+                worker.log()
+            )
+        })
+    };
+    let (nodes, _) = both_alive(&head, &worker);
+    eprintln!("both nodes alive: {nodes:?}");
+
+    // 1. SIGKILL the worker's raylet: the worker rejoins.
+    let old_worker: Vec<String> = nodes
+        .iter()
+        .filter(|n| n["ip"] == "127.0.0.3")
+        .map(|n| n["id"].as_str().unwrap().to_string())
+        .collect();
+    let raylet = daemon_pid(&worker, "raylet").expect("worker raylet");
+    unsafe { libc::kill(raylet, libc::SIGKILL) };
+    worker.wait_for("worker restarts ray", Duration::from_secs(30), |w| {
+        w.status()
+            .is_some_and(|s| s["restarts"].as_u64() >= Some(1) && s["state"] == "running")
+    });
+    let (nodes, _) = wait_nodes(
+        &gcs,
+        &["127.0.0.3"],
+        &old_worker,
+        Duration::from_secs(120),
+        Ask::Driver,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n--- worker ---\n{}", worker.log()));
+    eprintln!("worker rejoined after its raylet was killed: {nodes:?}");
+
+    // 2. SIGKILL the head's gcs_server: the head restarts Ray with a new
+    //    instance id, the worker is back in ray.nodes() within 10 s.
+    let instance = sb.record().unwrap()["instance_id"].clone();
+    let before: Vec<String> = nodes
+        .iter()
+        .map(|n| n["id"].as_str().unwrap().to_string())
+        .collect();
+    let gcs_pid = daemon_pid(&head, "gcs_server").expect("gcs_server");
+    // The checker polls the GCS from before the kill, so its own start-up
+    // does not count; it reports the wall time it first saw the worker.
+    let checker = {
+        let gcs = gcs.clone();
+        std::thread::spawn(move || {
+            wait_nodes(
+                &gcs,
+                &["127.0.0.3"],
+                &before,
+                Duration::from_secs(90),
+                Ask::Gcs,
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    unsafe { libc::kill(gcs_pid, libc::SIGKILL) };
+    head.wait_for("new instance published", Duration::from_secs(60), |_| {
+        sb.record()
+            .is_some_and(|r| r["state"] == "running" && r["instance_id"] != instance)
+    });
+    let published = Instant::now();
+    let published_wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let (nodes, seen_wall) = checker.join().unwrap().unwrap_or_else(|e| {
+        panic!(
+            "{e}\n--- head ---\n{}\n--- worker ---\n{}",
+            head.log(),
+            worker.log()
+        )
+    });
+    let back = Duration::from_secs_f64((seen_wall - published_wall).max(0.0));
+    let _ = published;
+    eprintln!("worker back in the new GCS {back:?} after the new head record: {nodes:?}");
+    assert!(
+        back < Duration::from_secs(10),
+        "worker took {back:?} to rejoin the restarted head\n--- head ---\n{}\n--- worker ---\n{}",
+        head.log(),
+        worker.log()
+    );
+    // And in ray.nodes() from a driver, once the head's raylet is up too.
+    let (nodes, _) = both_alive(&head, &worker);
+    eprintln!(
+        "driver sees after gcs restart {:?}: {nodes:?}",
+        published.elapsed()
+    );
+    assert_eq!(
+        worker.status().unwrap()["head_instance_id"],
+        sb.record().unwrap()["instance_id"]
+    );
+
+    // 3. SIGTERM both: exit 0 within 10 s, no Ray process left.
+    worker.signal(libc::SIGTERM);
+    head.signal(libc::SIGTERM);
+    let (ws, wt) = worker
+        .wait_exit(Duration::from_secs(15))
+        .expect("worker did not exit");
+    let (hs, ht) = head
+        .wait_exit(Duration::from_secs(15))
+        .expect("head did not exit");
+    eprintln!("stop took worker {wt:?}, head {ht:?}");
+    assert_eq!(ws.code(), Some(0), "{}", worker.log());
+    assert_eq!(hs.code(), Some(0), "{}", head.log());
+    assert!(wt < Duration::from_secs(10) && ht < Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(500));
+    let left: Vec<String> = [
+        sb.path().display().to_string(),
+        gcs.clone(),
+        "127.0.0.3".into(),
+    ]
+    .iter()
+    .flat_map(|m| leftovers(m))
+    .collect();
+    assert!(left.is_empty(), "ray processes left behind: {left:#?}");
+    assert_eq!(sb.record().unwrap()["state"], "stopped");
+}

@@ -93,6 +93,8 @@ pub struct Config {
     pub backoff_min: Duration,
     pub backoff_max: Duration,
     pub stable_run: Duration,
+    /// Use file events (inotify) to react faster; polling stays primary.
+    pub file_events: bool,
 }
 
 /// The variables this module reads, for documentation and tests.
@@ -124,6 +126,7 @@ pub const VARIABLES: &[&str] = &[
     "ARGUS_RESTART_BACKOFF_MIN_S",
     "ARGUS_RESTART_BACKOFF_MAX_S",
     "ARGUS_STABLE_RUN_S",
+    "ARGUS_FILE_EVENTS",
 ];
 
 impl Config {
@@ -326,6 +329,17 @@ impl Config {
             ));
         }
         let stable_run = seconds("ARGUS_STABLE_RUN_S", var("ARGUS_STABLE_RUN_S"), 60.0)?;
+        let file_events = match var("ARGUS_FILE_EVENTS").as_deref() {
+            None | Some("on") | Some("1") | Some("true") => true,
+            Some("off") | Some("0") | Some("false") => false,
+            Some(v) => {
+                return Err(ConfigError::new(
+                    "ARGUS_FILE_EVENTS",
+                    v,
+                    "must be `on` or `off`",
+                ))
+            }
+        };
         Ok(Config {
             role,
             shared_root,
@@ -354,6 +368,7 @@ impl Config {
             backoff_min,
             backoff_max,
             stable_run,
+            file_events,
         })
     }
 
@@ -659,6 +674,7 @@ mod tests {
                 "ARGUS_STOP_GRACE_S",
             ),
             (vec![w, ("ARGUS_STATE_DIR", "run")], "ARGUS_STATE_DIR"),
+            (vec![w, ("ARGUS_FILE_EVENTS", "maybe")], "ARGUS_FILE_EVENTS"),
             (
                 vec![
                     w,

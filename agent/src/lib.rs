@@ -5,6 +5,9 @@
 
 pub mod config;
 pub mod hook;
+pub mod netinfo;
+pub mod node;
 pub mod preflight;
 pub mod shim;
+pub mod status;
 pub mod supervise;

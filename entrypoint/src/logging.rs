@@ -1,1 +1,55 @@
-//! Logging setup.
+//! Logging (R-OPS-2): human text by default or JSON, always to stderr and,
+//! when the folder can be created, to a file in ARGUS_LOG_DIR.
+
+use std::path::Path;
+
+use argus::config::LogFormat;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{fmt, EnvFilter, Layer, Registry};
+
+type BoxedLayer = Box<dyn Layer<Registry> + Send + Sync>;
+
+/// Returns a formatting layer writing to `writer` in `format`.
+fn layer<W>(format: LogFormat, level: &str, writer: W) -> BoxedLayer
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let base = fmt::layer().with_writer(writer).with_ansi(false);
+    match format {
+        LogFormat::Text => base
+            .with_target(false)
+            .with_filter(EnvFilter::new(level))
+            .boxed(),
+        LogFormat::Json => base.json().with_filter(EnvFilter::new(level)).boxed(),
+    }
+}
+
+/// Installs the global subscriber. Returns a warning to log when the log
+/// file cannot be opened (stderr logging goes on).
+pub fn init(format: LogFormat, level: &str, log_dir: Option<(&Path, &str)>) -> Option<String> {
+    let mut warning = None;
+    let file = log_dir.and_then(|(dir, name)| {
+        let appender = std::fs::create_dir_all(dir).and_then(|_| {
+            tracing_appender::rolling::RollingFileAppender::builder()
+                .filename_prefix(name)
+                .build(dir)
+                .map_err(std::io::Error::other)
+        });
+        match appender {
+            Ok(a) => Some(layer(format, level, a)),
+            Err(e) => {
+                warning = Some(format!(
+                    "cannot open a log file in {}: {e}; logging to stderr only",
+                    dir.display()
+                ));
+                None
+            }
+        }
+    });
+    let mut layers = vec![layer(format, level, std::io::stderr)];
+    layers.extend(file);
+    tracing_subscriber::registry().with(layers).init();
+    warning
+}

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::io::{self, Read};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -68,13 +68,14 @@ impl std::fmt::Display for Exit {
 }
 
 type OnExit = Box<dyn FnOnce(Exit) + Send>;
+type SignalSink = Box<dyn Fn(Signal) -> bool + Send>;
 
 struct Reaper {
     /// Children the agent started, by pid. Held while spawning so that the
     /// reaper cannot reap a child before it is registered.
     children: Mutex<HashMap<i32, OnExit>>,
     /// Where signals other than SIGCHLD go; none means "exit 128+signal".
-    signals: Mutex<Option<Sender<Signal>>>,
+    signals: Mutex<Option<SignalSink>>,
 }
 
 static REAPER: OnceLock<Reaper> = OnceLock::new();
@@ -124,9 +125,10 @@ pub fn init() -> io::Result<()> {
     Ok(())
 }
 
-/// Routes every received signal except SIGCHLD to `tx` from now on.
-pub fn route_signals(tx: Sender<Signal>) {
-    *reaper().signals.lock().unwrap() = Some(tx);
+/// Routes every received signal except SIGCHLD to `sink` from now on;
+/// `sink` returns false when its receiver is gone.
+pub fn route_signals(sink: impl Fn(Signal) -> bool + Send + 'static) {
+    *reaper().signals.lock().unwrap() = Some(Box::new(sink));
 }
 
 fn signal_loop() {
@@ -151,10 +153,13 @@ fn signal_loop() {
             reap_all();
             continue;
         }
-        let tx = reaper().signals.lock().unwrap().clone();
-        match tx {
-            Some(tx) if tx.send(sig).is_ok() => {}
-            _ => {
+        let delivered = match reaper().signals.lock().unwrap().as_ref() {
+            Some(sink) => sink(sig),
+            None => false,
+        };
+        match delivered {
+            true => {}
+            false => {
                 debug!(?sig, "signal with no receiver, exiting");
                 std::process::exit(128 + sig as i32);
             }

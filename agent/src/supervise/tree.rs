@@ -1,1 +1,249 @@
-//! The process tree under the agent, read with sysinfo.
+//! The process tree under the agent, read with sysinfo: watching Ray's
+//! raylet and GCS among the descendants of `ray start`, and sweeping every
+//! descendant left when the node stops (R-PID-4).
+//!
+//! Why watch the raylet: `ray start --block` keeps blocking when the raylet
+//! exits gracefully (exit 0 or SIGTERM), so the child's own exit is not a
+//! reliable signal of the node's death.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid as NixPid;
+use sysinfo::{Pid, ProcessRefreshKind, ProcessStatus, ProcessesToUpdate, System};
+use tracing::{debug, info};
+
+/// One process seen in the tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub pid: u32,
+    pub ppid: u32,
+    pub name: String,
+    pub zombie: bool,
+}
+
+/// A snapshot of the processes on this machine (or PID namespace).
+pub struct ProcTree {
+    sys: System,
+}
+
+impl Default for ProcTree {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProcTree {
+    /// Creates an empty snapshot; call [`ProcTree::refresh`] before use.
+    pub fn new() -> Self {
+        Self { sys: System::new() }
+    }
+
+    /// Re-reads the process list (names and parents only).
+    pub fn refresh(&mut self) {
+        self.sys.refresh_processes_specifics(
+            ProcessesToUpdate::All,
+            true,
+            ProcessRefreshKind::nothing(),
+        );
+    }
+
+    fn all(&self) -> Vec<ProcInfo> {
+        self.sys
+            .processes()
+            .values()
+            .filter(|p| p.thread_kind().is_none())
+            .map(|p| ProcInfo {
+                pid: p.pid().as_u32(),
+                ppid: p.parent().map(Pid::as_u32).unwrap_or(0),
+                name: p.name().to_string_lossy().into_owned(),
+                zombie: matches!(p.status(), ProcessStatus::Zombie | ProcessStatus::Dead),
+            })
+            .collect()
+    }
+
+    /// Returns every descendant of `root` (not `root` itself).
+    pub fn descendants(&self, root: u32) -> Vec<ProcInfo> {
+        descendants_of(&self.all(), root)
+    }
+}
+
+/// Returns the descendants of `root` among `procs` (pure, for tests).
+pub fn descendants_of(procs: &[ProcInfo], root: u32) -> Vec<ProcInfo> {
+    let mut children: HashMap<u32, Vec<&ProcInfo>> = HashMap::new();
+    for p in procs {
+        if p.pid != p.ppid {
+            children.entry(p.ppid).or_default().push(p);
+        }
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    while let Some(pid) = stack.pop() {
+        if let Some(kids) = children.get(&pid) {
+            for k in kids {
+                if k.pid != root && out.len() < 100_000 {
+                    out.push((*k).clone());
+                    stack.push(k.pid);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Watches Ray's essential daemons among the descendants of `ray start`.
+#[derive(Debug, Clone)]
+pub struct RayWatch {
+    /// Process names whose death is the node's death.
+    names: Vec<&'static str>,
+    seen: HashMap<&'static str, u32>,
+}
+
+impl RayWatch {
+    /// Watches the raylet, and the gcs_server too on the head.
+    pub fn new(head: bool) -> Self {
+        let mut names = vec!["raylet"];
+        if head {
+            names.push("gcs_server");
+        }
+        Self {
+            names,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// Updates from the descendants of `ray start`; returns the name and
+    /// pid of a watched daemon that was seen before and is now gone or a
+    /// zombie.
+    pub fn check(&mut self, descendants: &[ProcInfo]) -> Option<(&'static str, u32)> {
+        for name in self.names.clone() {
+            let live = descendants.iter().find(|p| p.name == name && !p.zombie);
+            if live.is_none() {
+                // Died before it was first seen: its zombie still tells.
+                if let Some(z) = descendants.iter().find(|p| p.name == name && p.zombie) {
+                    return Some((name, z.pid));
+                }
+            }
+            match (live, self.seen.get(name)) {
+                (Some(p), Some(&pid)) if p.pid == pid => {}
+                (Some(p), _) => {
+                    debug!(name, pid = p.pid, "watching ray daemon");
+                    self.seen.insert(name, p.pid);
+                }
+                (None, Some(&pid)) => return Some((name, pid)),
+                (None, None) => {}
+            }
+        }
+        None
+    }
+
+    /// Returns the pid of a watched daemon once seen.
+    pub fn pid_of(&self, name: &str) -> Option<u32> {
+        self.seen.get(name).copied()
+    }
+}
+
+/// Sends SIGKILL to every descendant of this process, repeatedly, until
+/// none is left alive or `deadline` passes; returns how many were killed.
+/// Zombies are left to the reaper.
+pub fn sweep_descendants(tree: &mut ProcTree, deadline: Duration) -> usize {
+    let me = std::process::id();
+    let until = Instant::now() + deadline;
+    let mut killed = std::collections::HashSet::new();
+    loop {
+        tree.refresh();
+        let alive: Vec<_> = tree
+            .descendants(me)
+            .into_iter()
+            .filter(|p| !p.zombie)
+            .collect();
+        if alive.is_empty() || Instant::now() >= until {
+            if !alive.is_empty() {
+                info!(
+                    left = alive.len(),
+                    "descendants still alive after sweep deadline"
+                );
+            }
+            return killed.len();
+        }
+        for p in alive {
+            if killed.insert(p.pid) {
+                info!(pid = p.pid, name = %p.name, "killing leftover process");
+            }
+            let _ = signal::kill(NixPid::from_raw(p.pid as i32), Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(pid: u32, ppid: u32, name: &str, zombie: bool) -> ProcInfo {
+        ProcInfo {
+            pid,
+            ppid,
+            name: name.into(),
+            zombie,
+        }
+    }
+
+    #[test]
+    fn descendants_follow_the_parent_chain() {
+        let procs = vec![
+            p(1, 0, "argus", false),
+            p(10, 1, "ray", false),
+            p(11, 10, "raylet", false),
+            p(12, 11, "worker", false),
+            p(20, 1, "other", false),
+        ];
+        let mut d: Vec<u32> = descendants_of(&procs, 10).iter().map(|p| p.pid).collect();
+        d.sort();
+        assert_eq!(d, vec![11, 12]);
+    }
+
+    #[test]
+    fn ray_watch_reports_a_dead_or_zombie_raylet_only_after_seeing_it() {
+        let mut w = RayWatch::new(true);
+        assert_eq!(w.check(&[]), None, "not yet started is not dead");
+        let up = vec![p(11, 10, "raylet", false), p(12, 10, "gcs_server", false)];
+        assert_eq!(w.check(&up), None);
+        assert_eq!(w.pid_of("gcs_server"), Some(12));
+        let zombie = vec![p(11, 10, "raylet", true), p(12, 10, "gcs_server", false)];
+        assert_eq!(w.check(&zombie), Some(("raylet", 11)));
+        let mut w = RayWatch::new(true);
+        w.check(&up);
+        assert_eq!(
+            w.check(&[p(11, 10, "raylet", false)]),
+            Some(("gcs_server", 12))
+        );
+        let mut w = RayWatch::new(false);
+        assert_eq!(w.check(&[p(11, 10, "raylet", false)]), None);
+        assert_eq!(w.check(&[]), Some(("raylet", 11)));
+    }
+}
+
+#[cfg(test)]
+mod live_tests {
+    use super::*;
+
+    #[test]
+    fn tree_sees_a_real_child_and_its_zombie_state() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let mut t = ProcTree::new();
+        t.refresh();
+        let d = t.descendants(std::process::id());
+        assert!(
+            d.iter()
+                .any(|p| p.pid == child.id() && p.name == "sleep" && !p.zombie),
+            "{d:?}"
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

@@ -1,0 +1,128 @@
+//! This node's status (R-OPS-1), written atomically to
+//! `ARGUS_STATE_DIR/status.json` on every change and every few seconds, and
+//! read back by `argus-agent status` and `argus-agent healthcheck`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+/// How often the running agent rewrites its status even without changes.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// A status older than this means the agent is hung or gone.
+pub const STALE_AFTER: Duration = Duration::from_secs(30);
+
+/// What the node is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    Starting,
+    /// Head: another live head holds the record.
+    Standby,
+    /// Worker: no fresh head record to join.
+    WaitingForHead,
+    /// Ray started, not yet serving (head: GCS not accepting yet).
+    RayStarting,
+    Running,
+    /// Ray exited; waiting out the restart backoff.
+    Backoff,
+    Stopping,
+    Stopped,
+}
+
+impl std::fmt::Display for NodeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = serde_json::to_value(self).ok();
+        f.write_str(s.as_ref().and_then(|v| v.as_str()).unwrap_or("?"))
+    }
+}
+
+/// The status document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    pub role: String,
+    pub state: NodeState,
+    /// Why the node is in this state, in words.
+    pub reason: String,
+    pub state_since: String,
+    pub agent_pid: u32,
+    pub node_ip: String,
+    pub node_ip_source: String,
+    pub head_address: Option<String>,
+    pub head_instance_id: Option<String>,
+    pub head_generation: Option<u64>,
+    /// Seconds since this node last saw the head record change.
+    pub head_record_age_s: Option<f64>,
+    pub ray_pid: Option<u32>,
+    pub ray_started_at: Option<String>,
+    pub restarts: u64,
+    pub consecutive_failures: u32,
+    pub crash_loop: bool,
+    pub last_exit: Option<String>,
+    pub next_restart_in_s: Option<f64>,
+    pub updated_at: String,
+}
+
+/// Returns the status file path under `state_dir`.
+pub fn status_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("status.json")
+}
+
+/// Writes `status` atomically.
+pub fn write(state_dir: &Path, status: &Status) -> Result<(), argus_discovery::PublishError> {
+    let mut bytes = serde_json::to_vec_pretty(status).expect("status serialises");
+    bytes.push(b'\n');
+    argus_discovery::publish(&status_path(state_dir), &bytes)
+}
+
+/// Why the status could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("{path}: cannot read ({source}); is the agent running with this ARGUS_STATE_DIR?")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a status document: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Reads the status file.
+pub fn read(state_dir: &Path) -> Result<Status, StatusError> {
+    let path = status_path(state_dir);
+    let bytes = std::fs::read(&path).map_err(|source| StatusError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|source| StatusError::Parse { path, source })
+}
+
+/// Returns `Ok(())` if and only if the node is healthy, else why not.
+pub fn health(status: &Status, now: SystemTime) -> Result<(), String> {
+    let updated = humantime::parse_rfc3339(&status.updated_at)
+        .map_err(|_| format!("bad updated_at {:?}", status.updated_at))?;
+    let age = now.duration_since(updated).unwrap_or_default();
+    if age > STALE_AFTER {
+        return Err(format!("status not updated for {}s", age.as_secs()));
+    }
+    let alive =
+        |pid: u32| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok();
+    if !alive(status.agent_pid) {
+        return Err(format!("agent pid {} is gone", status.agent_pid));
+    }
+    match status.state {
+        NodeState::Running => match status.ray_pid {
+            Some(pid) if alive(pid) => Ok(()),
+            Some(pid) => Err(format!("ray pid {pid} is gone")),
+            None => Err("running without a ray pid".into()),
+        },
+        NodeState::Standby => Ok(()),
+        other => Err(format!("state {other}: {}", status.reason)),
+    }
+}
