@@ -1,17 +1,17 @@
 //! The janitor the node agent calls (`argus::shim::janitor`), against the
-//! real daemon. Its own test binary: AllOwned removes every container of
-//! the owner `host`, so no other shim test may run beside it.
+//! real daemon. The containers get an owner of their own, so the node-stop
+//! sweep cannot touch the containers of shim tests running elsewhere.
 
 mod shim_support;
 
-use argus::shim::janitor::{sweep_blocking, JanitorScope};
+use argus::shim::janitor::{sweep_owner_blocking, JanitorScope};
 use shim_support::*;
 
-/// Creates a running container labelled like the shim's, owned by `host`,
+/// Creates a running container labelled like the shim's, owned by `owner`,
 /// for shim `pid` (no start label: only liveness of the pid counts).
-fn labelled(label: &str, pid: Option<u32>, rm: bool) -> String {
+fn labelled(label: &str, owner: &str, pid: Option<u32>, rm: bool) -> String {
     let img = image();
-    let owner = "io.argus.shim.owner=host".to_string();
+    let owner = format!("io.argus.shim.owner={owner}");
     let rm = format!("io.argus.shim.rm={}", u8::from(rm));
     let mut args = vec![
         "run", "-d", "--label", label, "--label", &owner, "--label", &rm,
@@ -29,17 +29,20 @@ fn labelled(label: &str, pid: Option<u32>, rm: bool) -> String {
 #[test]
 fn janitor_removes_dead_shims_containers_then_all_at_node_stop() {
     let label = unique("janitor");
+    let owner = unique("owner");
+    let sweep =
+        |scope| sweep_owner_blocking("unix:///var/run/docker.sock", Some(&owner), scope).unwrap();
     // A pid that is certainly dead: a child that has exited and been reaped.
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead = child.id();
     child.wait().unwrap();
     let live = std::process::id();
-    let of_dead = labelled(&label, Some(dead), false);
-    let of_live = labelled(&label, Some(live), true);
-    let detached = labelled(&label, None, false);
+    let of_dead = labelled(&label, &owner, Some(dead), false);
+    let of_live = labelled(&label, &owner, Some(live), true);
+    let detached = labelled(&label, &owner, None, false);
 
-    let n = sweep_blocking(JanitorScope::DeadShims).unwrap();
-    assert!(n >= 1, "removed {n}");
+    let n = sweep(JanitorScope::DeadShims);
+    assert_eq!(n, 1);
     let left = containers_with(&label);
     assert!(
         !left.contains(&of_dead),
@@ -51,8 +54,8 @@ fn janitor_removes_dead_shims_containers_then_all_at_node_stop() {
     );
     assert!(left.contains(&detached), "a detached container was removed");
 
-    let n = sweep_blocking(JanitorScope::AllOwned).unwrap();
-    assert!(n >= 2, "removed {n}");
+    let n = sweep(JanitorScope::AllOwned);
+    assert_eq!(n, 2);
     let left = containers_with(&label);
     force_remove(&left);
     assert!(left.is_empty(), "node-stop sweep left {left:?}");
@@ -60,8 +63,6 @@ fn janitor_removes_dead_shims_containers_then_all_at_node_stop() {
 
 #[test]
 fn janitor_without_a_docker_socket_returns_zero_at_once() {
-    // DOCKER_HOST is read by sweep_blocking; only this test binary's
-    // janitor tests run, and the other one does not depend on it.
     let t = std::time::Instant::now();
     let n = argus::shim::janitor::sweep_blocking_at(
         "unix:///nonexistent/docker.sock",

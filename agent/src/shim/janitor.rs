@@ -136,6 +136,16 @@ pub fn sweep_blocking(scope: JanitorScope) -> anyhow::Result<usize> {
 
 /// [`sweep_blocking`] against the daemon at `addr`.
 pub fn sweep_blocking_at(addr: &str, scope: JanitorScope) -> anyhow::Result<usize> {
+    sweep_owner_blocking(addr, None, scope)
+}
+
+/// Sweeps the containers of `owner` (default: this container's id, or
+/// `host`) at `addr`; Ok(0) at once when the unix socket does not exist.
+pub fn sweep_owner_blocking(
+    addr: &str,
+    owner: Option<&str>,
+    scope: JanitorScope,
+) -> anyhow::Result<usize> {
     if let Some(path) = docker::socket_path(addr) {
         if !Path::new(path).exists() {
             return Ok(0);
@@ -148,8 +158,11 @@ pub fn sweep_blocking_at(addr: &str, scope: JanitorScope) -> anyhow::Result<usiz
     rt.block_on(async {
         let work = async {
             let docker = docker::connect_to(addr).await?;
-            let me = docker::whoami(&docker).await?;
-            sweep(&docker, &docker::owner_of(me.as_ref()), scope).await
+            let owner = match owner {
+                Some(o) => o.to_string(),
+                None => docker::owner_of(docker::whoami(&docker).await?.as_ref()),
+            };
+            sweep(&docker, &owner, scope).await
         };
         tokio::time::timeout(Duration::from_secs(30), work)
             .await
