@@ -233,6 +233,18 @@ fn detached_run_and_the_other_subcommands() {
     assert!(stderr(&o).contains("no such container"), "{}", show(&o));
     drop(cleanup);
 
+    // -d --rm: Docker removes it when it exits.
+    let label = unique("detached-rm");
+    let o = output(&mut podman(&[
+        "run", "-d", "--rm", "--label", &label, img, "true",
+    ]));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !containers_with(&label).is_empty() {
+        assert!(Instant::now() < deadline, "-d --rm container not removed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
     let o = output(&mut podman(&["image", "exists", img]));
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let o = output(&mut podman(&["image", "exists", "argus-shim-test:nope"]));

@@ -796,14 +796,6 @@ pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
         .ok_or_else(|| ArgsError::MissingArgument("run".into()))?;
     o.image = unquote(image);
     o.command = positional[1..].to_vec();
-    if o.rm && o.detach {
-        // Allowed by podman; the shim cannot remove a container it does not
-        // wait for, so it is refused rather than leaking it.
-        return Err(ArgsError::Unsupported {
-            flag: "--rm".into(),
-            value: "with --detach".into(),
-        });
-    }
     Ok(o)
 }
 

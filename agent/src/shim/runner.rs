@@ -244,7 +244,8 @@ pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
     }
     let id = create(&docker, &o, plan.body.clone()).await?;
     let code = run_created(&docker, &o, &plan.copies, &id).await;
-    if o.rm {
+    // Detached --rm is Docker's AutoRemove, unless the start failed.
+    if o.rm && (!o.detach || !matches!(code, Ok(0))) {
         remove(&docker, &id).await;
     }
     sweeper.abort();

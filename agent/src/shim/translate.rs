@@ -801,9 +801,10 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
     if o.read_only {
         hc.readonly_rootfs = Some(true);
     }
-    // --rm is done by the shim: with AutoRemove a fast container can be gone
-    // with its exit code before the wait lands.
-    hc.auto_remove = Some(false);
+    // An attached --rm is done by the shim: with AutoRemove a fast
+    // container can be gone with its exit code before the wait lands. A
+    // detached one has no shim left to do it.
+    hc.auto_remove = Some(o.rm && o.detach);
 
     let mut labels: HashMap<String, String> = HashMap::new();
     for l in &o.labels {
@@ -1155,6 +1156,18 @@ mod tests {
         assert_eq!(
             (p.body.open_stdin, p.body.stdin_once, p.body.attach_stdin),
             (Some(true), Some(true), Some(true))
+        );
+        let p = translate(&run_opts(&["run", "--rm", "-i", "i"]), &ctx(None)).unwrap();
+        assert_eq!(
+            p.body.host_config.unwrap().auto_remove,
+            Some(false),
+            "the shim removes it"
+        );
+        let p = translate(&run_opts(&["run", "-d", "--rm", "i"]), &ctx(None)).unwrap();
+        assert_eq!(
+            p.body.host_config.unwrap().auto_remove,
+            Some(true),
+            "nobody is left to remove it"
         );
         let p = translate(&run_opts(&["run", "-d", "-i", "i"]), &ctx(None)).unwrap();
         assert_eq!(
