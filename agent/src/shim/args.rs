@@ -108,6 +108,14 @@ pub struct RunOpts {
     pub sig_proxy: bool,
     pub platform: Option<String>,
     pub cidfile: Option<String>,
+    pub ulimits: Vec<String>,
+    pub restart: Option<String>,
+    pub cgroupns: Option<String>,
+    pub cgroup_parent: Option<String>,
+    pub cpuset_cpus: Option<String>,
+    pub log_driver: Option<String>,
+    pub log_opts: Vec<String>,
+    pub detach_keys: Option<String>,
     /// Podman-only flags that were accepted without effect, for a warning.
     pub ignored: Vec<String>,
 }
@@ -637,7 +645,8 @@ fn run_kind(n: &str) -> Option<Kind> {
         | "entrypoint" | "workdir" | "label" | "cap-add" | "cap-drop" | "security-opt"
         | "shm-size" | "hostname" | "memory" | "cpus" | "pids-limit" | "stop-signal"
         | "stop-timeout" | "publish" | "add-host" | "dns" | "pull" | "platform" | "cidfile"
-        | "tz" | "pod" | "sdnotify" => Value,
+        | "ulimit" | "restart" | "cgroupns" | "cgroup-parent" | "cpuset-cpus" | "log-driver"
+        | "log-opt" | "detach-keys" | "tz" | "pod" | "sdnotify" => Value,
         n if IGNORED_GLOBALS.contains(&n) => Value,
         n if IGNORED_GLOBAL_BOOLS.contains(&n) => Bool,
         _ => return None,
@@ -764,6 +773,14 @@ pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
             "dns" => o.dns.push(value(f)?),
             "platform" => o.platform = Some(value(f)?),
             "cidfile" => o.cidfile = Some(value(f)?),
+            "ulimit" => o.ulimits.push(value(f)?),
+            "restart" => o.restart = Some(value(f)?),
+            "cgroupns" => o.cgroupns = Some(value(f)?),
+            "cgroup-parent" => o.cgroup_parent = Some(value(f)?),
+            "cpuset-cpus" => o.cpuset_cpus = Some(value(f)?),
+            "log-driver" => o.log_driver = Some(value(f)?),
+            "log-opt" => o.log_opts.push(value(f)?),
+            "detach-keys" => o.detach_keys = Some(value(f)?),
             "pull" => {
                 let v = value(f)?;
                 o.pull = match v.as_str() {

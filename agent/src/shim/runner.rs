@@ -215,6 +215,9 @@ async fn context(
         owner,
         shim_pid: pid,
         shim_start: docker::process_start(pid).unwrap_or(0),
+        groups: nix::unistd::getgroups()
+            .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+            .unwrap_or_default(),
         canonical,
         env_files,
     })
@@ -278,7 +281,11 @@ async fn run_created(
         println!("{id}");
         return Ok(0);
     }
-    let attach = AttachContainerOptionsBuilder::new()
+    let mut attach = AttachContainerOptionsBuilder::new();
+    if let Some(k) = &o.detach_keys {
+        attach = attach.detach_keys(k);
+    }
+    let attach = attach
         .stream(true)
         .stdout(true)
         .stderr(true)

@@ -237,6 +237,8 @@ pub struct Context {
     pub owner: String,
     pub shim_pid: u32,
     pub shim_start: u64,
+    /// The caller's supplementary groups, for `--group-add keep-groups`.
+    pub groups: Vec<u32>,
     /// Canonical forms of the bind sources (resolved at the edge).
     pub canonical: HashMap<String, String>,
     /// `--env-file` contents, read at the edge.
@@ -659,13 +661,102 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
         }
     }
     if !o.group_add.is_empty() {
-        hc.group_add = Some(
-            o.group_add
-                .iter()
-                .filter(|g| *g != "keep-groups")
-                .cloned()
-                .collect(),
-        );
+        let mut groups = Vec::new();
+        for g in &o.group_add {
+            if g == "keep-groups" {
+                groups.extend(ctx.groups.iter().map(u32::to_string));
+            } else {
+                groups.push(g.clone());
+            }
+        }
+        hc.group_add = Some(groups);
+    }
+    for u in &o.ulimits {
+        let bad = || TranslateError::BadValue {
+            flag: "--ulimit".into(),
+            value: u.clone(),
+        };
+        let (name, limits) = u.split_once('=').ok_or_else(bad)?;
+        let (soft, hard) = match limits.split_once(':') {
+            Some((s, h)) => (s, h),
+            None => (limits, limits),
+        };
+        let parse = |v: &str| {
+            if v == "-1" || v == "unlimited" {
+                Ok(-1)
+            } else {
+                v.parse::<i64>().map_err(|_| bad())
+            }
+        };
+        hc.ulimits
+            .get_or_insert_with(Vec::new)
+            .push(bollard::models::ResourcesUlimits {
+                name: Some(name.into()),
+                soft: Some(parse(soft)?),
+                hard: Some(parse(hard)?),
+            });
+    }
+    if let Some(r) = &o.restart {
+        if o.rm {
+            return Err(TranslateError::BadValue {
+                flag: "--restart".into(),
+                value: format!("{r} (conflicts with --rm)"),
+            });
+        }
+        let (name, count) = r.split_once(':').unwrap_or((r.as_str(), ""));
+        let name = match name {
+            "no" => bollard::models::RestartPolicyNameEnum::NO,
+            "always" => bollard::models::RestartPolicyNameEnum::ALWAYS,
+            "unless-stopped" => bollard::models::RestartPolicyNameEnum::UNLESS_STOPPED,
+            "on-failure" => bollard::models::RestartPolicyNameEnum::ON_FAILURE,
+            _ => {
+                return Err(TranslateError::BadValue {
+                    flag: "--restart".into(),
+                    value: r.clone(),
+                })
+            }
+        };
+        let retries = if count.is_empty() {
+            None
+        } else {
+            Some(count.parse().map_err(|_| TranslateError::BadValue {
+                flag: "--restart".into(),
+                value: r.clone(),
+            })?)
+        };
+        hc.restart_policy = Some(bollard::models::RestartPolicy {
+            name: Some(name),
+            maximum_retry_count: retries,
+        });
+    }
+    if let Some(c) = &o.cgroupns {
+        hc.cgroupns_mode = Some(match c.as_str() {
+            "host" => bollard::models::HostConfigCgroupnsModeEnum::HOST,
+            "private" => bollard::models::HostConfigCgroupnsModeEnum::PRIVATE,
+            _ => {
+                return Err(TranslateError::Unsupported {
+                    flag: "--cgroupns".into(),
+                    value: c.clone(),
+                })
+            }
+        });
+    }
+    hc.cgroup_parent = o.cgroup_parent.clone();
+    hc.cpuset_cpus = o.cpuset_cpus.clone();
+    if o.log_driver.is_some() || !o.log_opts.is_empty() {
+        hc.log_config = Some(bollard::models::HostConfigLogConfig {
+            typ: o.log_driver.clone(),
+            config: Some(
+                o.log_opts
+                    .iter()
+                    .map(|kv| {
+                        kv.split_once('=')
+                            .map(|(k, v)| (k.into(), v.into()))
+                            .unwrap_or((kv.clone(), String::new()))
+                    })
+                    .collect(),
+            ),
+        });
     }
 
     // GPUs, limited to the caller's.
@@ -1130,6 +1221,44 @@ mod tests {
             plan.body.host_config.unwrap().runtime.as_deref(),
             Some("runc")
         );
+    }
+
+    #[test]
+    fn resource_and_restart_flags_map_to_host_config() {
+        let mut c = ctx(None);
+        c.groups = vec![27, 100];
+        let o = run_opts(&[
+            "run",
+            "--ulimit",
+            "nofile=1024:2048",
+            "--restart",
+            "on-failure:3",
+            "--cgroupns",
+            "host",
+            "--cpuset-cpus",
+            "0-1",
+            "--group-add",
+            "keep-groups",
+            "--group-add",
+            "video",
+            "--log-driver",
+            "json-file",
+            "--log-opt",
+            "max-size=1m",
+            "i",
+        ]);
+        let hc = translate(&o, &c).unwrap().body.host_config.unwrap();
+        let u = &hc.ulimits.unwrap()[0];
+        assert_eq!(
+            (u.name.as_deref(), u.soft, u.hard),
+            (Some("nofile"), Some(1024), Some(2048))
+        );
+        assert_eq!(hc.restart_policy.unwrap().maximum_retry_count, Some(3));
+        assert_eq!(hc.cpuset_cpus.as_deref(), Some("0-1"));
+        assert_eq!(hc.group_add.unwrap(), vec!["27", "100", "video"]);
+        assert_eq!(hc.log_config.unwrap().config.unwrap()["max-size"], "1m");
+        assert!(translate(&run_opts(&["run", "--rm", "--restart", "always", "i"]), &c).is_err());
+        assert!(translate(&run_opts(&["run", "--ulimit", "nofile", "i"]), &c).is_err());
     }
 
     #[test]
