@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use bollard::models::ContainerSummaryStateEnum;
-use bollard::query_parameters::ListContainersOptionsBuilder;
+use bollard::query_parameters::{InspectContainerOptions, ListContainersOptionsBuilder};
 use bollard::Docker;
 
 use super::docker::{self, process_start};
@@ -26,7 +26,8 @@ use super::ShimError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JanitorScope {
     /// Containers of this owner whose shim process is gone (running or
-    /// not; detached containers have no shim and are kept).
+    /// not; detached containers have no shim and are kept), and containers
+    /// of any owner whose Ray container is gone or stopped.
     DeadShims,
     /// Every container of this owner (the node stops).
     AllOwned,
@@ -101,13 +102,69 @@ async fn list(docker: &Docker, label: String) -> Result<Vec<Seen>, ShimError> {
         .collect())
 }
 
-/// Sweeps the containers of `owner`; returns how many it removed.
+/// Sweeps the containers of `owner`; returns how many it removed. A
+/// `DeadShims` sweep also removes orphans: containers whose owning Ray
+/// container is gone or stopped (it cannot sweep them itself any more, and
+/// with its PID namespace gone they are dead anyway).
 pub async fn sweep(docker: &Docker, owner: &str, scope: JanitorScope) -> Result<usize, ShimError> {
     let mut n = 0;
     for c in list(docker, format!("{LABEL_OWNER}={owner}")).await? {
         if doomed(scope, &c, shim_alive) {
             tracing::info!(id = %c.id, pid = ?c.pid, ?scope, "removing container of the podman shim");
             remove(docker, &c.id).await;
+            n += 1;
+        }
+    }
+    if scope == JanitorScope::DeadShims {
+        n += sweep_orphans(docker, owner).await?;
+    }
+    Ok(n)
+}
+
+/// Returns true if and only if a container whose owner is in `state` (None:
+/// no such container; Some(running)) is an orphan.
+pub fn orphaned(owner_state: Option<bool>) -> bool {
+    owner_state != Some(true)
+}
+
+async fn sweep_orphans(docker: &Docker, me: &str) -> Result<usize, ShimError> {
+    let filters = HashMap::from([("label".to_string(), vec![LABEL_OWNER.to_string()])]);
+    let opts = ListContainersOptionsBuilder::new()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let all = docker
+        .list_containers(Some(opts))
+        .await
+        .map_err(ShimError::docker("list containers"))?;
+    let mut owners: HashMap<String, Option<bool>> = HashMap::new();
+    let mut n = 0;
+    for c in all {
+        let Some(owner) = c.labels.as_ref().and_then(|l| l.get(LABEL_OWNER)).cloned() else {
+            continue;
+        };
+        if owner == me || owner == "host" {
+            continue;
+        }
+        if !owners.contains_key(&owner) {
+            let state = match docker
+                .inspect_container(&owner, None::<InspectContainerOptions>)
+                .await
+            {
+                Ok(i) => Some(i.state.and_then(|s| s.running).unwrap_or(false)),
+                Err(e) if docker::is_not_found(&e) => None,
+                Err(e) => {
+                    return Err(ShimError::docker(format!(
+                        "inspect owner container {owner}"
+                    ))(e))
+                }
+            };
+            owners.insert(owner.clone(), state);
+        }
+        if orphaned(owners[&owner]) {
+            let id = c.id.unwrap_or_default();
+            tracing::info!(%id, %owner, "removing container whose Ray container is gone");
+            remove(docker, &id).await;
             n += 1;
         }
     }
@@ -206,6 +263,13 @@ mod tests {
             &seen(None, false, true),
             live
         ));
+    }
+
+    #[test]
+    fn containers_of_a_gone_or_stopped_owner_are_orphans() {
+        assert!(orphaned(None));
+        assert!(orphaned(Some(false)));
+        assert!(!orphaned(Some(true)));
     }
 
     #[test]
