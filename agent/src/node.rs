@@ -29,6 +29,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{Config, Role};
 use crate::netinfo::IpSource;
+use crate::shim::janitor::{self, JanitorScope};
 use crate::status::{self, NodeState, Status};
 use crate::supervise::backoff::Backoff;
 use crate::supervise::reaper::{self, Exit};
@@ -216,6 +217,7 @@ impl Node {
             "node agent started"
         );
         self.write_status();
+        start_janitor();
         loop {
             let ev = match self.pending.pop_front() {
                 Some(ev) => Some(ev),
@@ -915,6 +917,8 @@ impl Node {
         if swept > 0 {
             info!(swept, "killed leftover processes");
         }
+        // R-PID-4 / R-SHIM-4: no engine container outlives the node.
+        sweep_containers(JanitorScope::AllOwned, Duration::from_secs(3));
         self.set_state(NodeState::Stopped, "stopped on request".into());
         info!("node agent stopped");
         0
@@ -977,6 +981,42 @@ impl Node {
         if let Err(e) = status::write(&self.cfg.state_dir, &st) {
             warn!(error = %e, "cannot write status file");
         }
+    }
+}
+
+/// How often the janitor removes containers whose shim died.
+const JANITOR_EVERY: Duration = Duration::from_secs(30);
+
+/// Starts the thread that removes engine containers whose shim process is
+/// gone (the raylet SIGKILLs Ray workers, and the shim is the worker).
+fn start_janitor() {
+    let spawned = std::thread::Builder::new()
+        .name("janitor".into())
+        .spawn(|| loop {
+            sweep_containers(JanitorScope::DeadShims, JANITOR_EVERY);
+            std::thread::sleep(JANITOR_EVERY);
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, "cannot start the container janitor");
+    }
+}
+
+/// Runs one janitor sweep, waiting at most `timeout` for the daemon.
+fn sweep_containers(scope: JanitorScope, timeout: Duration) {
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("janitor-sweep".into())
+        .spawn(move || {
+            let _ = tx.send(janitor::sweep_blocking(scope));
+        });
+    if spawned.is_err() {
+        return;
+    }
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(0)) => {}
+        Ok(Ok(n)) => info!(removed = n, ?scope, "removed engine containers"),
+        Ok(Err(e)) => warn!(error = %format!("{e:#}"), ?scope, "container janitor failed"),
+        Err(_) => warn!(?scope, "container janitor did not finish in time"),
     }
 }
 

@@ -1,1 +1,141 @@
-//! The podman shim (issue 4).
+//! The podman shim (SPEC §9, issue 4): answers Ray's `podman …` calls with
+//! the host Docker Engine API over its unix socket.
+//!
+//! Ray's `image_uri` runtime_env runs `podman run …` twice: once to probe the
+//! worker path (`--rm -v <tmpdir>:/shared`), and once per worker through
+//! `bash -c "exec podman run …"`, so the shim process *is* the worker the
+//! raylet signals and may SIGKILL. Hence: signals are forwarded to the
+//! container, a watchdog process removes the container when the shim dies
+//! without cleaning up, and every container is labelled with its owner so
+//! the node agent's janitor can sweep what is left (R-SHIM-4).
+//!
+//! Layout: [`args`] parses, [`translate`] maps podman meaning onto Docker,
+//! [`policy`] refuses dangerous requests, [`selfid`] finds the Ray container,
+//! [`runner`] drives `run`, [`cmds`] the other subcommands, [`janitor`]
+//! sweeps, [`watchdog`] outlives a killed shim. Only `runner`, `cmds`,
+//! `janitor`, `watchdog` and `docker` touch the socket.
+
+pub mod args;
+pub mod cmds;
+pub mod docker;
+pub mod janitor;
+pub mod policy;
+pub mod runner;
+pub mod selfid;
+pub mod translate;
+pub mod watchdog;
+
+use std::ffi::OsString;
+
+pub use janitor::{sweep_blocking, JanitorScope};
+
+/// Exit code of the shim's own failures (podman's).
+pub const EXIT_SHIM: u8 = 125;
+/// Exit code when the container command cannot be invoked.
+pub const EXIT_CANNOT_INVOKE: u8 = 126;
+/// Exit code when the container command is not found.
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// Errors of the shim. Each one is printed as one line and exits 125.
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    #[error(transparent)]
+    Args(#[from] args::ArgsError),
+    #[error(transparent)]
+    Translate(#[from] translate::TranslateError),
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
+    #[error("cannot connect to the Docker daemon at {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: bollard::errors::Error,
+    },
+    #[error("{what}: {source}")]
+    Docker {
+        what: String,
+        source: bollard::errors::Error,
+    },
+    #[error("cannot confirm which container this shim runs in (candidates {candidates:?} are unknown to the daemon at {addr}); set ARGUS_SHIM_SELF_ID to the container id, or to `host`")]
+    NoSelf {
+        candidates: Vec<String>,
+        addr: String,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{image}: image not known locally and --pull=never")]
+    ImageMissing { image: String },
+    #[error("no container with name or ID {0:?} found: no such container")]
+    NoSuchContainer(String),
+    #[error("failed to start the tokio runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+impl ShimError {
+    /// Wraps a Docker API error with what the shim was doing.
+    pub fn docker(what: impl Into<String>) -> impl FnOnce(bollard::errors::Error) -> ShimError {
+        let what = what.into();
+        move |source| ShimError::Docker { what, source }
+    }
+}
+
+/// Runs the shim with the arguments after `podman` and returns the exit
+/// code. Must be called before any other thread exists: an attached `run`
+/// forks its watchdog first.
+pub fn run(args: Vec<OsString>) -> u8 {
+    init_logging();
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let command = match args::parse(&args) {
+        Ok(c) => c,
+        Err(e) => return fail(&ShimError::from(e)),
+    };
+    if let args::Command::Run(o) = &command {
+        if !o.detach {
+            watchdog::spawn();
+        }
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&ShimError::Runtime(e)),
+    };
+    let result = rt.block_on(async move {
+        match command {
+            args::Command::Run(o) => runner::run(*o).await,
+            other => cmds::run(other).await,
+        }
+    });
+    let code = match result {
+        Ok(code) => code,
+        Err(e) => fail(&e),
+    };
+    watchdog::disarm();
+    // Blocking stdin readers must not keep the process alive.
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    code
+}
+
+fn fail(e: &ShimError) -> u8 {
+    eprintln!("Error: {e}");
+    EXIT_SHIM
+}
+
+/// Logs to stderr at the level of `ARGUS_SHIM_LOG` (default: warn), so the
+/// worker's log files only get warnings and errors.
+fn init_logging() {
+    let filter = std::env::var("ARGUS_SHIM_LOG").unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .try_init();
+}

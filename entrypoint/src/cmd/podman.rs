@@ -1,9 +1,9 @@
-//! `argus-agent podman …` or the binary invoked as `podman`.
+//! `argus-agent podman …` or the binary invoked as `podman`: the shim.
 
 use std::ffi::OsString;
 
-/// Runs the shim with the arguments after `podman`.
-pub fn run(_args: Vec<OsString>) -> u8 {
-    eprintln!("podman: the shim is not built yet");
-    125
+/// Runs the shim with the arguments after `podman`; returns podman's exit
+/// code (the container's for `run`, 125 for the shim's own failures).
+pub fn run(args: Vec<OsString>) -> u8 {
+    argus::shim::run(args)
 }

@@ -1,0 +1,1116 @@
+//! Parsing of podman command lines into plain data.
+//!
+//! Pure functions: no environment, files or sockets. Flags stop at the first
+//! positional (pflag `SetInterspersed(false)`), repeated string flags keep the
+//! last value, list flags accumulate. Ray's worker prefix reaches us either
+//! through `bash -c "exec podman …"` (quotes already removed) or, once Ray
+//! execs podman directly, with the quotes still on (`K='V'`): both parse to
+//! the same values (see [`unquote`]).
+
+/// Errors of argument parsing. Each names the offending flag or word.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ArgsError {
+    #[error("unknown flag: {0}")]
+    UnknownFlag(String),
+    #[error("flag needs an argument: {0}")]
+    MissingValue(String),
+    #[error("invalid value {value:?} for flag {flag}")]
+    BadValue { flag: String, value: String },
+    #[error("flag {0} does not take a value")]
+    UnexpectedValue(String),
+    #[error("unknown command {0:?} (the shim supports: run, pull, images, image inspect|exists, inspect, container exists, ps, rm, kill, stop, logs, version, info)")]
+    UnknownCommand(String),
+    #[error("`{0}` requires at least one argument")]
+    MissingArgument(String),
+    #[error("podman-only value {value:?} of {flag} has no Docker equivalent")]
+    Unsupported { flag: String, value: String },
+}
+
+/// Whether and when `run` pulls the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PullPolicy {
+    #[default]
+    Missing,
+    Always,
+    Never,
+}
+
+/// One `-v SRC:DST[:OPTS]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Volume {
+    pub source: String,
+    pub target: String,
+    /// Options other than the SELinux relabel ones, which are dropped.
+    pub options: Vec<String>,
+}
+
+impl Volume {
+    /// Returns true if and only if the volume is mounted read-only.
+    pub fn read_only(&self) -> bool {
+        self.options.iter().any(|o| o == "ro")
+    }
+
+    /// Returns true if and only if the source is a path (not a named volume).
+    pub fn is_path(&self) -> bool {
+        self.source.starts_with('/') || self.source.starts_with('.')
+    }
+}
+
+/// `podman run` options, after parsing and before any translation.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RunOpts {
+    pub image: String,
+    pub command: Vec<String>,
+    pub rm: bool,
+    pub detach: bool,
+    pub interactive: bool,
+    pub tty: bool,
+    pub name: Option<String>,
+    pub replace: bool,
+    /// `-e` values in order, `K=V` or `K` (copy from the caller).
+    pub env: Vec<String>,
+    pub env_files: Vec<String>,
+    pub env_host: bool,
+    pub http_proxy: bool,
+    pub volumes: Vec<Volume>,
+    pub tmpfs: Vec<String>,
+    pub network: Option<String>,
+    pub pid: Option<String>,
+    pub ipc: Option<String>,
+    pub uts: Option<String>,
+    pub userns: Option<String>,
+    pub user: Option<String>,
+    pub group_add: Vec<String>,
+    pub runtime: Option<String>,
+    pub gpus: Option<String>,
+    pub devices: Vec<String>,
+    pub entrypoint: Option<String>,
+    pub workdir: Option<String>,
+    pub labels: Vec<String>,
+    pub privileged: bool,
+    pub cap_add: Vec<String>,
+    pub cap_drop: Vec<String>,
+    pub security_opt: Vec<String>,
+    pub shm_size: Option<String>,
+    pub init: bool,
+    pub hostname: Option<String>,
+    pub read_only: bool,
+    pub memory: Option<String>,
+    pub cpus: Option<String>,
+    pub pids_limit: Option<String>,
+    pub stop_signal: Option<String>,
+    pub stop_timeout: Option<String>,
+    pub publish: Vec<String>,
+    pub add_host: Vec<String>,
+    pub dns: Vec<String>,
+    pub pull: PullPolicy,
+    pub quiet: bool,
+    pub sig_proxy: bool,
+    pub platform: Option<String>,
+    pub cidfile: Option<String>,
+    pub ulimits: Vec<String>,
+    pub restart: Option<String>,
+    pub cgroupns: Option<String>,
+    pub cgroup_parent: Option<String>,
+    pub cpuset_cpus: Option<String>,
+    pub log_driver: Option<String>,
+    pub log_opts: Vec<String>,
+    pub detach_keys: Option<String>,
+    /// Podman-only flags that were accepted without effect, for a warning.
+    pub ignored: Vec<String>,
+}
+
+/// Options of the commands that list or show things.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ShowOpts {
+    pub format: Option<String>,
+    pub quiet: bool,
+    pub all: bool,
+    pub filters: Vec<String>,
+}
+
+/// A parsed podman invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    Run(Box<RunOpts>),
+    Pull {
+        quiet: bool,
+        image: String,
+    },
+    Images(ShowOpts),
+    ImageInspect {
+        format: Option<String>,
+        names: Vec<String>,
+    },
+    ImageExists(String),
+    Inspect {
+        format: Option<String>,
+        kind: Option<String>,
+        names: Vec<String>,
+    },
+    ContainerExists(String),
+    Ps(ShowOpts),
+    Rm {
+        force: bool,
+        ignore: bool,
+        volumes: bool,
+        names: Vec<String>,
+    },
+    Kill {
+        signal: String,
+        ignore: bool,
+        names: Vec<String>,
+    },
+    Stop {
+        timeout: Option<i32>,
+        ignore: bool,
+        names: Vec<String>,
+    },
+    Logs {
+        follow: bool,
+        tail: Option<String>,
+        timestamps: bool,
+        name: String,
+    },
+    Version {
+        format: Option<String>,
+    },
+    ShortVersion,
+    Info {
+        format: Option<String>,
+    },
+    Help,
+}
+
+/// Removes one pair of shell quotes around a whole value (`'v'` or `"v"`),
+/// and around the value part of `K='V'`. Ray builds `--env K='V'`; when the
+/// string is not given to a shell the quotes reach us intact.
+pub fn unquote(s: &str) -> String {
+    fn strip(v: &str) -> Option<&str> {
+        for q in ['\'', '"'] {
+            if v.len() >= 2 && v.starts_with(q) && v.ends_with(q) {
+                let inner = &v[1..v.len() - 1];
+                if !inner.contains(q) {
+                    return Some(inner);
+                }
+            }
+        }
+        None
+    }
+    if let Some(inner) = strip(s) {
+        return inner.to_string();
+    }
+    if let Some((k, v)) = s.split_once('=') {
+        if !k.is_empty() && !k.contains(['\'', '"', ' ']) {
+            if let Some(inner) = strip(v) {
+                return format!("{k}={inner}");
+            }
+        }
+    }
+    s.to_string()
+}
+
+/// Returns the name `N` if `v` is exactly `$N` or `${N}` with `N` a `RAY_`
+/// variable: the form Ray leaves unexpanded without a shell (`RAY_JOB_ID`).
+pub fn unexpanded_ray_var(v: &str) -> Option<&str> {
+    let name = v
+        .strip_prefix("${")
+        .and_then(|r| r.strip_suffix('}'))
+        .or_else(|| v.strip_prefix('$'))?;
+    (name.starts_with("RAY_") && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .then_some(name)
+}
+
+/// Global flags podman accepts before (or, being persistent, after) the
+/// subcommand and that have no meaning on Docker.
+const IGNORED_GLOBALS: &[&str] = &[
+    "cgroup-manager",
+    "log-level",
+    "root",
+    "runroot",
+    "storage-driver",
+    "storage-opt",
+    "events-backend",
+    "tmpdir",
+    "url",
+    "connection",
+    "identity",
+    "runtime-flag",
+    "conmon",
+    "network-cmd-path",
+    "network-config-dir",
+    "hooks-dir",
+    "module",
+];
+const IGNORED_GLOBAL_BOOLS: &[&str] = &["syslog", "remote", "noout", "log-driver-syslog"];
+
+/// Kinds of flag values.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Bool,
+    Value,
+}
+
+/// A flag as it appeared: canonical long name plus its value.
+struct Flag {
+    name: String,
+    shown: String,
+    value: Option<String>,
+}
+
+/// Splits the flags off the front of `args` (stopping at the first
+/// positional or `--`) using `kind_of` to know which flags take values.
+/// Returns the flags and the index of the first positional.
+fn split_flags(
+    args: &[String],
+    kind_of: &dyn Fn(&str) -> Option<Kind>,
+    short: &dyn Fn(char) -> Option<&'static str>,
+) -> Result<(Vec<Flag>, usize), ArgsError> {
+    let mut flags = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let a = &args[i];
+        if a == "--" {
+            return Ok((flags, i + 1));
+        }
+        if let Some(long) = a.strip_prefix("--") {
+            let (name, inline) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (long, None),
+            };
+            let kind = kind_of(name).ok_or_else(|| ArgsError::UnknownFlag(format!("--{name}")))?;
+            let value = match (kind, inline) {
+                (_, Some(v)) => Some(v),
+                (Kind::Bool, None) => None,
+                (Kind::Value, None) => {
+                    i += 1;
+                    Some(
+                        args.get(i)
+                            .cloned()
+                            .ok_or_else(|| ArgsError::MissingValue(format!("--{name}")))?,
+                    )
+                }
+            };
+            flags.push(Flag {
+                name: name.to_string(),
+                shown: format!("--{name}"),
+                value,
+            });
+        } else if a.len() > 1 && a.starts_with('-') {
+            let chars: Vec<char> = a[1..].chars().collect();
+            let mut j = 0;
+            while j < chars.len() {
+                let c = chars[j];
+                let name = short(c).ok_or_else(|| ArgsError::UnknownFlag(format!("-{c}")))?;
+                let kind = kind_of(name).ok_or_else(|| ArgsError::UnknownFlag(format!("-{c}")))?;
+                if kind == Kind::Value {
+                    let rest: String = chars[j + 1..].iter().collect();
+                    let value = if !rest.is_empty() {
+                        rest.strip_prefix('=').unwrap_or(&rest).to_string()
+                    } else {
+                        i += 1;
+                        args.get(i)
+                            .cloned()
+                            .ok_or_else(|| ArgsError::MissingValue(format!("-{c}")))?
+                    };
+                    flags.push(Flag {
+                        name: name.to_string(),
+                        shown: format!("-{c}"),
+                        value: Some(value),
+                    });
+                    break;
+                }
+                flags.push(Flag {
+                    name: name.to_string(),
+                    shown: format!("-{c}"),
+                    value: None,
+                });
+                j += 1;
+            }
+        } else {
+            return Ok((flags, i));
+        }
+        i += 1;
+    }
+    Ok((flags, args.len()))
+}
+
+fn bool_value(f: &Flag) -> Result<bool, ArgsError> {
+    match f.value.as_deref() {
+        None | Some("true") | Some("1") => Ok(true),
+        Some("false") | Some("0") => Ok(false),
+        Some(v) => Err(ArgsError::BadValue {
+            flag: f.shown.clone(),
+            value: v.to_string(),
+        }),
+    }
+}
+
+fn value(f: &Flag) -> Result<String, ArgsError> {
+    f.value
+        .clone()
+        .ok_or_else(|| ArgsError::MissingValue(f.shown.clone()))
+}
+
+/// Parses the arguments after `podman`.
+pub fn parse(args: &[String]) -> Result<Command, ArgsError> {
+    let global_kind = |n: &str| -> Option<Kind> {
+        if IGNORED_GLOBALS.contains(&n) {
+            Some(Kind::Value)
+        } else if IGNORED_GLOBAL_BOOLS.contains(&n) || n == "version" || n == "help" {
+            Some(Kind::Bool)
+        } else {
+            None
+        }
+    };
+    let global_short = |c: char| match c {
+        'v' => Some("version"),
+        'h' => Some("help"),
+        _ => None,
+    };
+    let (flags, first) = split_flags(args, &global_kind, &global_short)?;
+    if flags.iter().any(|f| f.name == "version") {
+        return Ok(Command::ShortVersion);
+    }
+    if flags.iter().any(|f| f.name == "help") {
+        return Ok(Command::Help);
+    }
+    let Some(sub) = args.get(first) else {
+        return Ok(Command::Help);
+    };
+    let rest = &args[first + 1..];
+    match sub.as_str() {
+        "run" => parse_run(rest).map(|o| Command::Run(Box::new(o))),
+        "container" => match rest.first().map(String::as_str) {
+            Some("run") => parse_run(&rest[1..]).map(|o| Command::Run(Box::new(o))),
+            Some("exists") => {
+                one_name("container exists", &rest[1..]).map(Command::ContainerExists)
+            }
+            Some("inspect") => parse_inspect(&rest[1..], Some("container".into())),
+            Some("ps") | Some("list") | Some("ls") => parse_show(&rest[1..]).map(Command::Ps),
+            Some("rm") => parse_rm(&rest[1..]),
+            Some("kill") => parse_kill(&rest[1..]),
+            Some("stop") => parse_stop(&rest[1..]),
+            Some("logs") => parse_logs(&rest[1..]),
+            Some(other) => Err(ArgsError::UnknownCommand(format!("container {other}"))),
+            None => Err(ArgsError::MissingArgument("container".into())),
+        },
+        "image" => match rest.first().map(String::as_str) {
+            Some("inspect") => parse_inspect(&rest[1..], Some("image".into())),
+            Some("exists") => one_name("image exists", &rest[1..]).map(Command::ImageExists),
+            Some("pull") => parse_pull(&rest[1..]),
+            Some("ls") | Some("list") => parse_show(&rest[1..]).map(Command::Images),
+            Some(other) => Err(ArgsError::UnknownCommand(format!("image {other}"))),
+            None => Err(ArgsError::MissingArgument("image".into())),
+        },
+        "pull" => parse_pull(rest),
+        "images" => parse_show(rest).map(Command::Images),
+        "inspect" => parse_inspect(rest, None),
+        "ps" => parse_show(rest).map(Command::Ps),
+        "rm" => parse_rm(rest),
+        "kill" => parse_kill(rest),
+        "stop" => parse_stop(rest),
+        "logs" => parse_logs(rest),
+        "version" => {
+            let (flags, _) = split_flags(rest, &format_kind, &format_short)?;
+            Ok(Command::Version {
+                format: last_value(&flags, "format")?,
+            })
+        }
+        "info" => {
+            let (flags, _) = split_flags(rest, &format_kind, &format_short)?;
+            Ok(Command::Info {
+                format: last_value(&flags, "format")?,
+            })
+        }
+        "help" => Ok(Command::Help),
+        other => Err(ArgsError::UnknownCommand(other.to_string())),
+    }
+}
+
+fn format_kind(n: &str) -> Option<Kind> {
+    match n {
+        "format" | "filter" | "type" | "size" | "sort" => Some(Kind::Value),
+        "quiet" | "all" | "noheading" | "no-trunc" | "digests" | "latest" | "external" | "last"
+        | "namespace" | "ns" | "sync" => Some(Kind::Bool),
+        _ => None,
+    }
+}
+
+fn format_short(c: char) -> Option<&'static str> {
+    match c {
+        'f' => Some("format"),
+        'q' => Some("quiet"),
+        'a' => Some("all"),
+        'n' => Some("noheading"),
+        's' => Some("size"),
+        't' => Some("type"),
+        'l' => Some("latest"),
+        _ => None,
+    }
+}
+
+fn last_value(flags: &[Flag], name: &str) -> Result<Option<String>, ArgsError> {
+    match flags.iter().rev().find(|f| f.name == name) {
+        Some(f) => value(f).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn has(flags: &[Flag], name: &str) -> Result<bool, ArgsError> {
+    match flags.iter().rev().find(|f| f.name == name) {
+        Some(f) => bool_value(f),
+        None => Ok(false),
+    }
+}
+
+fn one_name(cmd: &str, rest: &[String]) -> Result<String, ArgsError> {
+    let (_, first) = split_flags(rest, &|_| None, &|_| None)?;
+    rest.get(first)
+        .cloned()
+        .ok_or_else(|| ArgsError::MissingArgument(cmd.into()))
+}
+
+fn parse_show(rest: &[String]) -> Result<ShowOpts, ArgsError> {
+    let (flags, first) = split_flags(rest, &format_kind, &format_short)?;
+    if let Some(extra) = rest.get(first) {
+        return Err(ArgsError::UnknownCommand(extra.clone()));
+    }
+    Ok(ShowOpts {
+        format: last_value(&flags, "format")?,
+        quiet: has(&flags, "quiet")?,
+        all: has(&flags, "all")?,
+        filters: flags
+            .iter()
+            .filter(|f| f.name == "filter")
+            .map(value)
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+fn parse_inspect(rest: &[String], kind: Option<String>) -> Result<Command, ArgsError> {
+    let (flags, first) = split_flags(rest, &format_kind, &format_short)?;
+    let names = rest[first..].to_vec();
+    if names.is_empty() {
+        return Err(ArgsError::MissingArgument("inspect".into()));
+    }
+    let format = last_value(&flags, "format")?;
+    let kind = last_value(&flags, "type")?.or(kind);
+    Ok(match kind.as_deref() {
+        Some("image") => Command::ImageInspect { format, names },
+        _ => Command::Inspect {
+            format,
+            kind,
+            names,
+        },
+    })
+}
+
+fn parse_pull(rest: &[String]) -> Result<Command, ArgsError> {
+    let kind = |n: &str| match n {
+        "quiet" | "all-tags" | "tls-verify" => Some(Kind::Bool),
+        "platform" | "arch" | "os" | "authfile" | "creds" | "retry" | "retry-delay" => {
+            Some(Kind::Value)
+        }
+        _ => None,
+    };
+    let short = |c: char| if c == 'q' { Some("quiet") } else { None };
+    let (flags, first) = split_flags(rest, &kind, &short)?;
+    let image = rest
+        .get(first)
+        .cloned()
+        .ok_or_else(|| ArgsError::MissingArgument("pull".into()))?;
+    Ok(Command::Pull {
+        quiet: has(&flags, "quiet")?,
+        image,
+    })
+}
+
+fn names_after(cmd: &str, rest: &[String], first: usize) -> Result<Vec<String>, ArgsError> {
+    let names = rest[first..].to_vec();
+    if names.is_empty() {
+        return Err(ArgsError::MissingArgument(cmd.into()));
+    }
+    Ok(names)
+}
+
+fn parse_rm(rest: &[String]) -> Result<Command, ArgsError> {
+    let kind = |n: &str| match n {
+        "force" | "ignore" | "volumes" | "all" | "depend" => Some(Kind::Bool),
+        "time" => Some(Kind::Value),
+        _ => None,
+    };
+    let short = |c: char| match c {
+        'f' => Some("force"),
+        'i' => Some("ignore"),
+        'v' => Some("volumes"),
+        't' => Some("time"),
+        _ => None,
+    };
+    let (flags, first) = split_flags(rest, &kind, &short)?;
+    Ok(Command::Rm {
+        force: has(&flags, "force")?,
+        ignore: has(&flags, "ignore")?,
+        volumes: has(&flags, "volumes")?,
+        names: names_after("rm", rest, first)?,
+    })
+}
+
+fn parse_kill(rest: &[String]) -> Result<Command, ArgsError> {
+    let kind = |n: &str| match n {
+        "signal" => Some(Kind::Value),
+        "ignore" => Some(Kind::Bool),
+        _ => None,
+    };
+    let short = |c: char| match c {
+        's' => Some("signal"),
+        'i' => Some("ignore"),
+        _ => None,
+    };
+    let (flags, first) = split_flags(rest, &kind, &short)?;
+    Ok(Command::Kill {
+        signal: last_value(&flags, "signal")?.unwrap_or_else(|| "KILL".into()),
+        ignore: has(&flags, "ignore")?,
+        names: names_after("kill", rest, first)?,
+    })
+}
+
+fn parse_stop(rest: &[String]) -> Result<Command, ArgsError> {
+    let kind = |n: &str| match n {
+        "time" | "timeout" => Some(Kind::Value),
+        "ignore" => Some(Kind::Bool),
+        _ => None,
+    };
+    let short = |c: char| match c {
+        't' => Some("time"),
+        'i' => Some("ignore"),
+        _ => None,
+    };
+    let (flags, first) = split_flags(rest, &kind, &short)?;
+    let timeout = match flags
+        .iter()
+        .rev()
+        .find(|f| f.name == "time" || f.name == "timeout")
+    {
+        Some(f) => {
+            let v = value(f)?;
+            Some(v.parse().map_err(|_| ArgsError::BadValue {
+                flag: f.shown.clone(),
+                value: v,
+            })?)
+        }
+        None => None,
+    };
+    Ok(Command::Stop {
+        timeout,
+        ignore: has(&flags, "ignore")?,
+        names: names_after("stop", rest, first)?,
+    })
+}
+
+fn parse_logs(rest: &[String]) -> Result<Command, ArgsError> {
+    let kind = |n: &str| match n {
+        "follow" | "timestamps" | "names" => Some(Kind::Bool),
+        "tail" | "since" | "until" => Some(Kind::Value),
+        _ => None,
+    };
+    let short = |c: char| match c {
+        'f' => Some("follow"),
+        't' => Some("timestamps"),
+        'n' => Some("names"),
+        _ => None,
+    };
+    let (flags, first) = split_flags(rest, &kind, &short)?;
+    let name = rest
+        .get(first)
+        .cloned()
+        .ok_or_else(|| ArgsError::MissingArgument("logs".into()))?;
+    Ok(Command::Logs {
+        follow: has(&flags, "follow")?,
+        tail: last_value(&flags, "tail")?,
+        timestamps: has(&flags, "timestamps")?,
+        name,
+    })
+}
+
+/// Long names of the `run` flags and whether they take a value.
+fn run_kind(n: &str) -> Option<Kind> {
+    use Kind::*;
+    Some(match n {
+        "rm" | "detach" | "interactive" | "tty" | "privileged" | "init" | "read-only"
+        | "env-host" | "http-proxy" | "quiet" | "sig-proxy" | "replace" | "publish-all"
+        | "systemd" | "no-hosts" | "rmi" | "help" => Bool,
+        "name" | "env" | "env-file" | "volume" | "tmpfs" | "network" | "net" | "pid" | "ipc"
+        | "uts" | "userns" | "user" | "group-add" | "runtime" | "gpus" | "device"
+        | "entrypoint" | "workdir" | "label" | "cap-add" | "cap-drop" | "security-opt"
+        | "shm-size" | "hostname" | "memory" | "cpus" | "pids-limit" | "stop-signal"
+        | "stop-timeout" | "publish" | "add-host" | "dns" | "pull" | "platform" | "cidfile"
+        | "ulimit" | "restart" | "cgroupns" | "cgroup-parent" | "cpuset-cpus" | "log-driver"
+        | "log-opt" | "detach-keys" | "tz" | "pod" | "sdnotify" => Value,
+        n if IGNORED_GLOBALS.contains(&n) => Value,
+        n if IGNORED_GLOBAL_BOOLS.contains(&n) => Bool,
+        _ => return None,
+    })
+}
+
+fn run_short(c: char) -> Option<&'static str> {
+    Some(match c {
+        'd' => "detach",
+        'i' => "interactive",
+        't' => "tty",
+        'e' => "env",
+        'v' => "volume",
+        'u' => "user",
+        'w' => "workdir",
+        'l' => "label",
+        'm' => "memory",
+        'p' => "publish",
+        'h' => "hostname",
+        'q' => "quiet",
+        'P' => "publish-all",
+        _ => return None,
+    })
+}
+
+/// Parses `-v SRC:DST[:OPTS]`.
+pub fn parse_volume(spec: &str) -> Result<Volume, ArgsError> {
+    let bad = || ArgsError::BadValue {
+        flag: "--volume".into(),
+        value: spec.into(),
+    };
+    let parts: Vec<&str> = spec.split(':').collect();
+    let (source, target, opts) = match parts.as_slice() {
+        [t] => (String::new(), t.to_string(), ""),
+        [s, t] => (s.to_string(), t.to_string(), ""),
+        [s, t, o] => (s.to_string(), t.to_string(), *o),
+        _ => return Err(bad()),
+    };
+    if !target.starts_with('/') {
+        return Err(bad());
+    }
+    let mut options = Vec::new();
+    for o in opts.split(',').filter(|o| !o.is_empty()) {
+        match o {
+            "z" | "Z" => {}
+            "ro" | "rw" | "nocopy" | "shared" | "rshared" | "slave" | "rslave" | "private"
+            | "rprivate" | "consistent" | "cached" | "delegated" => options.push(o.to_string()),
+            "U" | "O" | "idmap" | "noexec" | "exec" | "nosuid" | "suid" | "nodev" | "dev"
+            | "copy" | "nocopy-up" => {
+                return Err(ArgsError::Unsupported {
+                    flag: "--volume".into(),
+                    value: o.into(),
+                })
+            }
+            _ => return Err(bad()),
+        }
+    }
+    Ok(Volume {
+        source,
+        target,
+        options,
+    })
+}
+
+/// Parses the arguments after `podman run`.
+pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
+    let (flags, first) = split_flags(args, &run_kind, &run_short)?;
+    let mut o = RunOpts {
+        http_proxy: true,
+        sig_proxy: true,
+        ..Default::default()
+    };
+    for f in &flags {
+        let n = f.name.as_str();
+        match n {
+            "rm" => o.rm = bool_value(f)?,
+            "detach" => o.detach = bool_value(f)?,
+            "interactive" => o.interactive = bool_value(f)?,
+            "tty" => o.tty = bool_value(f)?,
+            "privileged" => o.privileged = bool_value(f)?,
+            "init" => o.init = bool_value(f)?,
+            "read-only" => o.read_only = bool_value(f)?,
+            "env-host" => o.env_host = bool_value(f)?,
+            "http-proxy" => o.http_proxy = bool_value(f)?,
+            "quiet" => o.quiet = bool_value(f)?,
+            "sig-proxy" => o.sig_proxy = bool_value(f)?,
+            "replace" => o.replace = bool_value(f)?,
+            "help" => return Err(ArgsError::UnknownFlag("--help".into())),
+            "name" => o.name = Some(value(f)?),
+            "env" => o.env.push(unquote(&value(f)?)),
+            "env-file" => o.env_files.push(value(f)?),
+            "volume" => o.volumes.push(parse_volume(&unquote(&value(f)?))?),
+            "tmpfs" => o.tmpfs.push(value(f)?),
+            "network" | "net" => o.network = Some(value(f)?),
+            "pid" => o.pid = Some(value(f)?),
+            "ipc" => o.ipc = Some(value(f)?),
+            "uts" => o.uts = Some(value(f)?),
+            "userns" => o.userns = Some(value(f)?),
+            "user" => o.user = Some(value(f)?),
+            "group-add" => o.group_add.push(value(f)?),
+            "runtime" => o.runtime = Some(value(f)?),
+            "gpus" => o.gpus = Some(value(f)?),
+            "device" => o.devices.push(value(f)?),
+            "entrypoint" => o.entrypoint = Some(unquote(&value(f)?)),
+            "workdir" => o.workdir = Some(value(f)?),
+            "label" => o.labels.push(unquote(&value(f)?)),
+            "cap-add" => o.cap_add.extend(value(f)?.split(',').map(str::to_string)),
+            "cap-drop" => o.cap_drop.extend(value(f)?.split(',').map(str::to_string)),
+            "security-opt" => o.security_opt.push(value(f)?),
+            "shm-size" => o.shm_size = Some(value(f)?),
+            "hostname" => o.hostname = Some(value(f)?),
+            "memory" => o.memory = Some(value(f)?),
+            "cpus" => o.cpus = Some(value(f)?),
+            "pids-limit" => o.pids_limit = Some(value(f)?),
+            "stop-signal" => o.stop_signal = Some(value(f)?),
+            "stop-timeout" => o.stop_timeout = Some(value(f)?),
+            "publish" => o.publish.push(value(f)?),
+            "publish-all" => {
+                if bool_value(f)? {
+                    o.publish.push("all".into())
+                }
+            }
+            "add-host" => o.add_host.push(value(f)?),
+            "dns" => o.dns.push(value(f)?),
+            "platform" => o.platform = Some(value(f)?),
+            "cidfile" => o.cidfile = Some(value(f)?),
+            "ulimit" => o.ulimits.push(value(f)?),
+            "restart" => o.restart = Some(value(f)?),
+            "cgroupns" => o.cgroupns = Some(value(f)?),
+            "cgroup-parent" => o.cgroup_parent = Some(value(f)?),
+            "cpuset-cpus" => o.cpuset_cpus = Some(value(f)?),
+            "log-driver" => o.log_driver = Some(value(f)?),
+            "log-opt" => o.log_opts.push(value(f)?),
+            "detach-keys" => o.detach_keys = Some(value(f)?),
+            "pull" => {
+                let v = value(f)?;
+                o.pull = match v.as_str() {
+                    "missing" => PullPolicy::Missing,
+                    "always" | "newer" => PullPolicy::Always,
+                    "never" => PullPolicy::Never,
+                    _ => {
+                        return Err(ArgsError::BadValue {
+                            flag: f.shown.clone(),
+                            value: v,
+                        })
+                    }
+                }
+            }
+            "tz" => o.env.push(format!("TZ={}", value(f)?)),
+            "systemd" | "no-hosts" | "rmi" | "pod" | "sdnotify" => {
+                return Err(ArgsError::Unsupported {
+                    flag: f.shown.clone(),
+                    value: f.value.clone().unwrap_or_default(),
+                })
+            }
+            // Podman global flags (e.g. Ray's --cgroup-manager=cgroupfs):
+            // they configure podman itself and mean nothing on Docker.
+            _ => o.ignored.push(f.shown.clone()),
+        }
+    }
+    let positional = &args[first..];
+    let image = positional
+        .first()
+        .ok_or_else(|| ArgsError::MissingArgument("run".into()))?;
+    o.image = unquote(image);
+    o.command = positional[1..].to_vec();
+    Ok(o)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    /// Ray 2.53's worker command (ray.md §1, Call B) as the shim receives it
+    /// after `bash -c "exec podman run …"`.
+    pub(crate) fn ray_worker_argv() -> Vec<String> {
+        s(&[
+            "run",
+            "-v",
+            "/tmp/ray:/tmp/ray",
+            "--cgroup-manager=cgroupfs",
+            "--network=host",
+            "--pid=host",
+            "--ipc=host",
+            "--userns=keep-id",
+            "--env",
+            "RAY_CLIENT_MODE=0",
+            "--env",
+            "RAY_LD_PRELOAD_ON_WORKERS=0",
+            "--env",
+            "RAY_NODE_ID=0876abc",
+            "--env",
+            "RAY_RAYLET_PID=18293",
+            "--env",
+            "RAY_USAGE_STATS_ENABLED=0",
+            "--env",
+            "RAY_enable_pipe_based_agent_to_parent_health_check=1",
+            "--env",
+            "FOO=a b $HOME",
+            "--env",
+            "RAY_JOB_ID=01000000",
+            "--entrypoint",
+            "python",
+            "fake.registry/ray:2.53.0",
+            "/venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py",
+            "--node-ip-address=127.0.0.2",
+            "--startup-token=1",
+            "--runtime-env-hash=-277573333",
+        ])
+    }
+
+    #[test]
+    fn ray_worker_command_parses_with_podman_meaning() {
+        let Command::Run(o) = parse(&ray_worker_argv()).unwrap() else {
+            panic!()
+        };
+        assert_eq!(o.image, "fake.registry/ray:2.53.0");
+        assert_eq!(o.entrypoint.as_deref(), Some("python"));
+        assert_eq!(o.network.as_deref(), Some("host"));
+        assert_eq!(o.pid.as_deref(), Some("host"));
+        assert_eq!(o.ipc.as_deref(), Some("host"));
+        assert_eq!(o.userns.as_deref(), Some("keep-id"));
+        assert_eq!(o.ignored, vec!["--cgroup-manager"]);
+        assert_eq!(
+            o.volumes,
+            vec![Volume {
+                source: "/tmp/ray".into(),
+                target: "/tmp/ray".into(),
+                options: vec![]
+            }]
+        );
+        assert!(o.env.contains(&"FOO=a b $HOME".to_string()));
+        assert_eq!(o.env.last().unwrap(), "RAY_JOB_ID=01000000");
+        assert_eq!(
+            o.command[0],
+            "/venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py"
+        );
+        assert_eq!(o.command[3], "--runtime-env-hash=-277573333");
+        assert!(!o.rm && !o.detach);
+    }
+
+    #[test]
+    fn ray_worker_command_without_shell_keeps_values_equal() {
+        // Ray PR #65366 would exec podman without bash: quotes stay on.
+        let mut argv = ray_worker_argv();
+        for a in argv.iter_mut() {
+            if a == "FOO=a b $HOME" {
+                *a = "FOO='a b $HOME'".into();
+            }
+            if a == "RAY_JOB_ID=01000000" {
+                *a = "RAY_JOB_ID=$RAY_JOB_ID".into();
+            }
+        }
+        let Command::Run(o) = parse(&argv).unwrap() else {
+            panic!()
+        };
+        assert!(o.env.contains(&"FOO=a b $HOME".to_string()));
+        // Expansion of $RAY_JOB_ID happens at translation (it needs the env).
+        assert_eq!(o.env.last().unwrap(), "RAY_JOB_ID=$RAY_JOB_ID");
+        assert_eq!(unexpanded_ray_var("$RAY_JOB_ID"), Some("RAY_JOB_ID"));
+        assert_eq!(unexpanded_ray_var("${RAY_JOB_ID}"), Some("RAY_JOB_ID"));
+        assert_eq!(unexpanded_ray_var("$HOME"), None);
+    }
+
+    #[test]
+    fn ray_probe_command_parses() {
+        let script = "\nimport ray._private.workers.default_worker as dw\nwith open('/shared/worker_path.txt', 'w') as f:\n    f.write(dw.__file__)\n";
+        let argv = s(&[
+            "run",
+            "--rm",
+            "-v",
+            "/tmp/tmpe9l02fnh:/shared:Z",
+            "img:1",
+            "python",
+            "-c",
+            script,
+        ]);
+        let Command::Run(o) = parse(&argv).unwrap() else {
+            panic!()
+        };
+        assert!(o.rm);
+        assert_eq!(
+            o.volumes[0],
+            Volume {
+                source: "/tmp/tmpe9l02fnh".into(),
+                target: "/shared".into(),
+                options: vec![]
+            }
+        );
+        assert_eq!(o.command, s(&["python", "-c", script]));
+    }
+
+    #[test]
+    fn short_flags_cluster_and_take_values() {
+        let Command::Run(o) = parse(&s(&[
+            "run",
+            "-it",
+            "-eA=1",
+            "-e",
+            "B",
+            "-vX:/y:ro,z",
+            "img",
+            "-d",
+        ]))
+        .unwrap() else {
+            panic!()
+        };
+        assert!(o.interactive && o.tty && !o.detach);
+        assert_eq!(o.env, s(&["A=1", "B"]));
+        assert_eq!(o.volumes[0].options, s(&["ro"]));
+        assert_eq!(o.command, s(&["-d"]));
+    }
+
+    #[test]
+    fn repeated_string_flag_keeps_last() {
+        let Command::Run(o) =
+            parse(&s(&["run", "--network=host", "--network", "bridge", "img"])).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(o.network.as_deref(), Some("bridge"));
+    }
+
+    #[test]
+    fn unknown_flag_is_named() {
+        assert_eq!(
+            parse(&s(&["run", "--frobnicate", "img"])),
+            Err(ArgsError::UnknownFlag("--frobnicate".into()))
+        );
+        assert_eq!(
+            parse(&s(&["run", "-X", "img"])),
+            Err(ArgsError::UnknownFlag("-X".into()))
+        );
+        assert_eq!(
+            parse(&s(&["run", "--name"])),
+            Err(ArgsError::MissingValue("--name".into()))
+        );
+        assert_eq!(
+            parse(&s(&["run"])),
+            Err(ArgsError::MissingArgument("run".into()))
+        );
+        assert!(matches!(
+            parse(&s(&["run", "--systemd=always", "i"])),
+            Err(ArgsError::Unsupported { .. })
+        ));
+        assert!(matches!(
+            parse(&s(&["run", "-v", "/a:/b:U", "i"])),
+            Err(ArgsError::Unsupported { .. })
+        ));
+        assert!(matches!(
+            parse(&s(&["frob"])),
+            Err(ArgsError::UnknownCommand(_))
+        ));
+    }
+
+    #[test]
+    fn global_flags_before_subcommand_are_ignored() {
+        let c = parse(&s(&[
+            "--cgroup-manager",
+            "cgroupfs",
+            "--log-level=debug",
+            "images",
+            "--format",
+            "json",
+        ]))
+        .unwrap();
+        assert_eq!(
+            c,
+            Command::Images(ShowOpts {
+                format: Some("json".into()),
+                ..Default::default()
+            })
+        );
+        assert_eq!(parse(&s(&["--version"])).unwrap(), Command::ShortVersion);
+    }
+
+    #[test]
+    fn subcommands_parse() {
+        assert_eq!(
+            parse(&s(&["image", "exists", "x"])).unwrap(),
+            Command::ImageExists("x".into())
+        );
+        assert_eq!(
+            parse(&s(&["container", "exists", "c"])).unwrap(),
+            Command::ContainerExists("c".into())
+        );
+        assert_eq!(
+            parse(&s(&["rm", "-fv", "a", "b"])).unwrap(),
+            Command::Rm {
+                force: true,
+                ignore: false,
+                volumes: true,
+                names: s(&["a", "b"])
+            }
+        );
+        assert_eq!(
+            parse(&s(&["kill", "-s", "TERM", "a"])).unwrap(),
+            Command::Kill {
+                signal: "TERM".into(),
+                ignore: false,
+                names: s(&["a"])
+            }
+        );
+        assert_eq!(
+            parse(&s(&["stop", "-t", "3", "a"])).unwrap(),
+            Command::Stop {
+                timeout: Some(3),
+                ignore: false,
+                names: s(&["a"])
+            }
+        );
+        assert_eq!(
+            parse(&s(&["image", "inspect", "--format", "{{.Id}}", "x"])).unwrap(),
+            Command::ImageInspect {
+                format: Some("{{.Id}}".into()),
+                names: s(&["x"])
+            }
+        );
+        assert_eq!(
+            parse(&s(&["pull", "-q", "x"])).unwrap(),
+            Command::Pull {
+                quiet: true,
+                image: "x".into()
+            }
+        );
+    }
+
+    #[test]
+    fn unquote_strips_one_pair_only() {
+        assert_eq!(unquote("'a b'"), "a b");
+        assert_eq!(unquote("K='a b $HOME'"), "K=a b $HOME");
+        assert_eq!(unquote("K=\"v\""), "K=v");
+        assert_eq!(unquote("K=it's"), "K=it's");
+        assert_eq!(unquote("'"), "'");
+        assert_eq!(unquote("K='a'b'"), "K='a'b'");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_argv_never_panics(argv in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::string::string_regex("-{0,2}[a-zA-Z=:,/'$ -]{0,12}").unwrap(),
+                proptest::sample::select(vec![
+                    "run".to_string(), "-v".into(), "--rm".into(), "-it".into(), "--env".into(),
+                    "image".into(), "inspect".into(), "--format".into(), "container".into(), "--".into(),
+                    "-e".into(), "--network=host".into(), "--pull".into(), "ps".into(), "rm".into(),
+                    "--gpus".into(), "device=0,x".into(), "--userns=keep-id:uid=".into(), "--shm-size".into(),
+                    "1.5g".into(), "--entrypoint".into(), "[\"a\"".into(), "--ipc=host".into(), "--device".into(),
+                    "/a:/b:c:d".into(), "--tmpfs".into(), "/t:size=1m".into(), "--cpus".into(), "NaN".into(),
+                ]),
+            ],
+            0..12,
+        )) {
+            // Parsing, translation and the policy only ever return errors.
+            if let Ok(Command::Run(o)) = parse(&argv) {
+                let ctx = crate::shim::translate::Context { env: vec![("RAY_JOB_ID".into(), "1".into())], ..Default::default() };
+                if let Ok(plan) = crate::shim::translate::translate(&o, &ctx) {
+                    let _ = crate::shim::policy::Policy::default().check_run(&o, &plan);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! The Docker connection and the shim's idea of where it runs.
+
+use bollard::errors::Error as BollardError;
+use bollard::Docker;
+
+use super::selfid;
+use super::translate::SelfContainer;
+use super::ShimError;
+
+/// The default daemon address.
+pub const DEFAULT_SOCKET: &str = "unix:///var/run/docker.sock";
+
+/// Returns the daemon address: `DOCKER_HOST` or the default socket.
+pub fn address() -> String {
+    std::env::var("DOCKER_HOST")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| DEFAULT_SOCKET.into())
+}
+
+/// Returns the unix socket path of `addr`, if it is one.
+pub fn socket_path(addr: &str) -> Option<&str> {
+    addr.strip_prefix("unix://")
+        .or_else(|| addr.starts_with('/').then_some(addr))
+}
+
+/// Connects to `addr` and negotiates the API version down to the daemon's
+/// (bollard speaks 1.49; this machine's 20.10 daemon speaks 1.41).
+pub async fn connect_to(addr: &str) -> Result<Docker, ShimError> {
+    let err = |source| ShimError::Connect {
+        addr: addr.to_string(),
+        source,
+    };
+    let docker = if let Some(path) = socket_path(addr) {
+        Docker::connect_with_unix(path, 120, bollard::API_DEFAULT_VERSION).map_err(err)?
+    } else if addr.starts_with("tcp://") || addr.starts_with("http://") {
+        Docker::connect_with_http(addr, 120, bollard::API_DEFAULT_VERSION).map_err(err)?
+    } else {
+        return Err(err(BollardError::UnsupportedURISchemeError {
+            uri: addr.to_string(),
+        }));
+    };
+    docker.negotiate_version().await.map_err(err)
+}
+
+/// Connects to the daemon at [`address`].
+pub async fn connect() -> Result<Docker, ShimError> {
+    connect_to(&address()).await
+}
+
+/// Returns true if and only if `e` is the daemon's 404.
+pub fn is_not_found(e: &BollardError) -> bool {
+    matches!(
+        e,
+        BollardError::DockerResponseServerError {
+            status_code: 404,
+            ..
+        }
+    )
+}
+
+/// Returns the daemon's message of `e`, or its display.
+pub fn message(e: &BollardError) -> String {
+    match e {
+        BollardError::DockerResponseServerError { message, .. } => message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Finds and inspects the container the shim runs in. `Ok(None)` means the
+/// shim runs on the host (no candidate id at all, or the override `host`).
+pub async fn whoami(docker: &Docker) -> Result<Option<SelfContainer>, ShimError> {
+    let override_id = std::env::var("ARGUS_SHIM_SELF_ID").ok();
+    if override_id.as_deref() == Some("host") {
+        return Ok(None);
+    }
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let hostname = read("/etc/hostname");
+    let candidates = selfid::candidates(
+        override_id.as_deref(),
+        &read("/proc/self/mountinfo"),
+        &read("/proc/self/cgroup"),
+        &hostname,
+    );
+    if candidates.is_empty() {
+        return Ok(None);
+    }
+    for c in &candidates {
+        match docker
+            .inspect_container(
+                c,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+        {
+            Ok(i) => {
+                let me = SelfContainer::from_inspect(&i);
+                // A hostname-derived short id must really be us.
+                let hostname_ok = i
+                    .hostname_path
+                    .as_deref()
+                    .is_none_or(|p| p.contains(&me.id));
+                if me.id.starts_with(c.as_str()) && hostname_ok {
+                    tracing::debug!(id = %me.id, "found own container");
+                    return Ok(Some(me));
+                }
+            }
+            Err(e) if is_not_found(&e) => continue,
+            Err(e) => return Err(ShimError::docker(format!("inspect own container {c}"))(e)),
+        }
+    }
+    // A candidate only from the hostname is weak evidence: a 12-hex host
+    // name is possible outside a container (and in a container of another
+    // daemon, where mountinfo would have named it).
+    if candidates.len() == 1 && candidates[0] == hostname.trim() && override_id.is_none() {
+        return Ok(None);
+    }
+    Err(ShimError::NoSelf {
+        candidates,
+        addr: address(),
+    })
+}
+
+/// Returns the owner label value: the Ray container's id, or `host`.
+pub fn owner_of(me: Option<&SelfContainer>) -> String {
+    me.map(|m| m.id.clone()).unwrap_or_else(|| "host".into())
+}
+
+/// Returns the start time of process `pid` in clock ticks since boot (field
+/// 22 of `/proc/<pid>/stat`), to tell a live shim from a reused pid.
+pub fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_start_is_readable_and_stable() {
+        let me = std::process::id();
+        let a = process_start(me).unwrap();
+        assert_eq!(process_start(me), Some(a));
+        assert_eq!(process_start(u32::MAX), None);
+    }
+
+    #[test]
+    fn socket_paths() {
+        assert_eq!(socket_path("unix:///x/d.sock"), Some("/x/d.sock"));
+        assert_eq!(socket_path("/x/d.sock"), Some("/x/d.sock"));
+        assert_eq!(socket_path("tcp://1.2.3.4:2375"), None);
+    }
+}

@@ -1,0 +1,292 @@
+//! The janitor (SPEC R-SHIM-4): removes the containers the shim created when
+//! their shim is gone, and all of them when the node stops.
+//!
+//! Every container carries the owner (the Ray container's id, or `host`)
+//! and, unless detached, the shim's pid and process start time, so a reused
+//! pid is not taken for a live shim. The node agent calls
+//! [`sweep_blocking`]; each `podman run` also sweeps at its start, and a
+//! per-run watchdog (`super::watchdog`) removes the container of a shim that
+//! was SIGKILLed.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bollard::models::ContainerSummaryStateEnum;
+use bollard::query_parameters::{InspectContainerOptions, ListContainersOptionsBuilder};
+use bollard::Docker;
+
+use super::docker::{self, process_start};
+use super::runner::remove;
+use super::translate::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
+use super::ShimError;
+
+/// What a sweep removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JanitorScope {
+    /// Containers of this owner whose shim process is gone (running or
+    /// not; detached containers have no shim and are kept), and containers
+    /// of any owner whose Ray container is gone or stopped.
+    DeadShims,
+    /// Every container of this owner (the node stops).
+    AllOwned,
+}
+
+/// A container as the janitor sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub id: String,
+    pub pid: Option<u32>,
+    pub start: Option<u64>,
+    pub rm: bool,
+    pub exited: bool,
+}
+
+impl Seen {
+    fn from_labels(id: String, labels: &HashMap<String, String>, exited: bool) -> Seen {
+        Seen {
+            id,
+            pid: labels.get(LABEL_PID).and_then(|p| p.parse().ok()),
+            start: labels.get(LABEL_START).and_then(|p| p.parse().ok()),
+            rm: labels.get(LABEL_RM).is_some_and(|v| v == "1"),
+            exited,
+        }
+    }
+}
+
+/// Returns true if and only if the sweep must remove `c`. `alive(pid,
+/// start)` tells whether that shim process still runs.
+pub fn doomed(scope: JanitorScope, c: &Seen, alive: impl Fn(u32, Option<u64>) -> bool) -> bool {
+    match scope {
+        JanitorScope::AllOwned => true,
+        // Also exited containers of a finished run without `--rm`: Ray's
+        // worker command has no `--rm`, and nothing reads them afterwards.
+        // Detached containers carry no pid and are kept.
+        JanitorScope::DeadShims => c.pid.is_some_and(|pid| !alive(pid, c.start)),
+    }
+}
+
+/// Returns true if and only if process `pid` runs and started at `start`.
+pub fn shim_alive(pid: u32, start: Option<u64>) -> bool {
+    match (process_start(pid), start) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(s), Some(want)) => s == want,
+    }
+}
+
+async fn list(docker: &Docker, label: String) -> Result<Vec<Seen>, ShimError> {
+    let filters = HashMap::from([("label".to_string(), vec![label])]);
+    let opts = ListContainersOptionsBuilder::new()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let list = docker
+        .list_containers(Some(opts))
+        .await
+        .map_err(ShimError::docker("list containers"))?;
+    Ok(list
+        .into_iter()
+        .map(|c| {
+            let exited = matches!(
+                c.state,
+                Some(ContainerSummaryStateEnum::EXITED) | Some(ContainerSummaryStateEnum::DEAD)
+            );
+            Seen::from_labels(
+                c.id.unwrap_or_default(),
+                &c.labels.unwrap_or_default(),
+                exited,
+            )
+        })
+        .collect())
+}
+
+/// Sweeps the containers of `owner`; returns how many it removed. A
+/// `DeadShims` sweep also removes orphans: containers whose owning Ray
+/// container is gone or stopped (it cannot sweep them itself any more, and
+/// with its PID namespace gone they are dead anyway).
+pub async fn sweep(docker: &Docker, owner: &str, scope: JanitorScope) -> Result<usize, ShimError> {
+    let mut n = 0;
+    for c in list(docker, format!("{LABEL_OWNER}={owner}")).await? {
+        if doomed(scope, &c, shim_alive) {
+            tracing::info!(id = %c.id, pid = ?c.pid, ?scope, "removing container of the podman shim");
+            remove(docker, &c.id).await;
+            n += 1;
+        }
+    }
+    if scope == JanitorScope::DeadShims {
+        n += sweep_orphans(docker, owner).await?;
+    }
+    Ok(n)
+}
+
+/// Returns true if and only if a container whose owner is in `state` (None:
+/// no such container; Some(running)) is an orphan.
+pub fn orphaned(owner_state: Option<bool>) -> bool {
+    owner_state != Some(true)
+}
+
+async fn sweep_orphans(docker: &Docker, me: &str) -> Result<usize, ShimError> {
+    let filters = HashMap::from([("label".to_string(), vec![LABEL_OWNER.to_string()])]);
+    let opts = ListContainersOptionsBuilder::new()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let all = docker
+        .list_containers(Some(opts))
+        .await
+        .map_err(ShimError::docker("list containers"))?;
+    let mut owners: HashMap<String, Option<bool>> = HashMap::new();
+    let mut n = 0;
+    for c in all {
+        let Some(owner) = c.labels.as_ref().and_then(|l| l.get(LABEL_OWNER)).cloned() else {
+            continue;
+        };
+        if owner == me || owner == "host" {
+            continue;
+        }
+        if !owners.contains_key(&owner) {
+            let state = match docker
+                .inspect_container(&owner, None::<InspectContainerOptions>)
+                .await
+            {
+                Ok(i) => Some(i.state.and_then(|s| s.running).unwrap_or(false)),
+                Err(e) if docker::is_not_found(&e) => None,
+                Err(e) => {
+                    return Err(ShimError::docker(format!(
+                        "inspect owner container {owner}"
+                    ))(e))
+                }
+            };
+            owners.insert(owner.clone(), state);
+        }
+        if orphaned(owners[&owner]) {
+            let id = c.id.unwrap_or_default();
+            tracing::info!(%id, %owner, "removing container whose Ray container is gone");
+            remove(docker, &id).await;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Removes the containers of the shim `pid` that started at `start` (the
+/// watchdog's sweep after that shim died).
+pub async fn sweep_shim(docker: &Docker, pid: u32, start: u64) -> Result<usize, ShimError> {
+    let mut n = 0;
+    for c in list(docker, format!("{LABEL_PID}={pid}")).await? {
+        if c.start == Some(start) {
+            remove(docker, &c.id).await;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Sweeps from synchronous code (the node agent). Returns Ok(0) at once when
+/// the daemon's unix socket does not exist: nodes without Docker must not
+/// fail.
+pub fn sweep_blocking(scope: JanitorScope) -> anyhow::Result<usize> {
+    sweep_blocking_at(&docker::address(), scope)
+}
+
+/// [`sweep_blocking`] against the daemon at `addr`.
+pub fn sweep_blocking_at(addr: &str, scope: JanitorScope) -> anyhow::Result<usize> {
+    sweep_owner_blocking(addr, None, scope)
+}
+
+/// Sweeps the containers of `owner` (default: this container's id, or
+/// `host`) at `addr`; Ok(0) at once when the unix socket does not exist.
+pub fn sweep_owner_blocking(
+    addr: &str,
+    owner: Option<&str>,
+    scope: JanitorScope,
+) -> anyhow::Result<usize> {
+    if let Some(path) = docker::socket_path(addr) {
+        if !Path::new(path).exists() {
+            return Ok(0);
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("failed to start a runtime for the janitor")?;
+    rt.block_on(async {
+        let work = async {
+            let docker = docker::connect_to(addr).await?;
+            let owner = match owner {
+                Some(o) => o.to_string(),
+                None => docker::owner_of(docker::whoami(&docker).await?.as_ref()),
+            };
+            sweep(&docker, &owner, scope).await
+        };
+        tokio::time::timeout(Duration::from_secs(30), work)
+            .await
+            .with_context(|| format!("janitor sweep of {addr} timed out"))?
+            .with_context(|| format!("janitor sweep of {addr} failed"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(pid: Option<u32>, rm: bool, exited: bool) -> Seen {
+        Seen {
+            id: "c".into(),
+            pid,
+            start: Some(1),
+            rm,
+            exited,
+        }
+    }
+
+    #[test]
+    fn dead_shims_lose_their_containers_detached_ones_stay() {
+        let dead = |_: u32, _: Option<u64>| false;
+        let live = |_: u32, _: Option<u64>| true;
+        let s = JanitorScope::DeadShims;
+        assert!(doomed(s, &seen(Some(1), false, false), dead));
+        assert!(doomed(s, &seen(Some(1), true, true), dead));
+        assert!(
+            doomed(s, &seen(Some(1), false, true), dead),
+            "a finished worker without --rm goes too"
+        );
+        assert!(!doomed(s, &seen(Some(1), true, false), live));
+        assert!(
+            !doomed(s, &seen(None, true, false), dead),
+            "detached containers have no shim"
+        );
+        assert!(doomed(
+            JanitorScope::AllOwned,
+            &seen(None, false, true),
+            live
+        ));
+    }
+
+    #[test]
+    fn containers_of_a_gone_or_stopped_owner_are_orphans() {
+        assert!(orphaned(None));
+        assert!(orphaned(Some(false)));
+        assert!(!orphaned(Some(true)));
+    }
+
+    #[test]
+    fn reused_pid_is_not_a_live_shim() {
+        let me = std::process::id();
+        let start = process_start(me);
+        assert!(shim_alive(me, start));
+        assert!(!shim_alive(me, start.map(|s| s + 1)));
+        assert!(!shim_alive(u32::MAX, None));
+    }
+
+    #[test]
+    fn no_socket_means_nothing_to_sweep() {
+        let t = std::time::Instant::now();
+        let n =
+            sweep_blocking_at("unix:///nonexistent/docker.sock", JanitorScope::AllOwned).unwrap();
+        assert_eq!(n, 0);
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,634 @@
+//! `podman run` with the docker CLI's sequence: create (pulling a missing
+//! image), copy in, attach, proxy signals, start, wait, drain, copy back,
+//! remove. The shim removes `--rm` containers itself (not AutoRemove), so a
+//! fast container's exit code cannot vanish with it.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use bollard::container::{AttachContainerResults, LogOutput};
+use bollard::errors::Error as BollardError;
+use bollard::models::ContainerCreateBody;
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
+    DownloadFromContainerOptionsBuilder, KillContainerOptionsBuilder,
+    RemoveContainerOptionsBuilder, ResizeContainerTTYOptionsBuilder, StartContainerOptions,
+    UploadToContainerOptionsBuilder, WaitContainerOptionsBuilder,
+};
+use bollard::Docker;
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use super::args::{PullPolicy, RunOpts};
+use super::docker::{self, is_not_found, message};
+use super::janitor::{self, JanitorScope};
+use super::policy::Policy;
+use super::translate::{self, Context, Copy};
+use super::watchdog;
+use super::{ShimError, EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND, EXIT_SHIM};
+
+/// Signals forwarded to the container by name (the docker CLI forwards all
+/// but SIGCHLD, SIGPIPE and the Go runtime's; these are the catchable ones
+/// that matter, SIGWINCH resizes a TTY instead).
+const FORWARDED: &[(i32, &str)] = &[
+    (libc::SIGTERM, "SIGTERM"),
+    (libc::SIGINT, "SIGINT"),
+    (libc::SIGHUP, "SIGHUP"),
+    (libc::SIGQUIT, "SIGQUIT"),
+    (libc::SIGUSR1, "SIGUSR1"),
+    (libc::SIGUSR2, "SIGUSR2"),
+    (libc::SIGCONT, "SIGCONT"),
+    (libc::SIGALRM, "SIGALRM"),
+];
+
+/// Returns the exit code for a failed start, like the docker CLI's
+/// `runStartContainerErr`: 127 when the command is missing, 126 when it
+/// cannot be run, else 125.
+pub fn start_error_code(msg: &str) -> u8 {
+    let m = msg.to_ascii_lowercase();
+    if m.contains("executable file not found") || m.contains("no such file or directory") {
+        EXIT_NOT_FOUND
+    } else if m.contains("permission denied")
+        || m.contains("is a directory")
+        || m.contains("exec format error")
+    {
+        EXIT_CANNOT_INVOKE
+    } else {
+        EXIT_SHIM
+    }
+}
+
+/// Splits an image reference into the `fromImage` and `tag` of a pull
+/// (Docker pulls every tag when the tag is empty).
+pub fn split_ref(image: &str) -> (String, String) {
+    if image.contains('@') {
+        return (image.to_string(), String::new());
+    }
+    let last_slash = image.rfind('/').map(|i| i + 1).unwrap_or(0);
+    match image[last_slash..].rfind(':') {
+        Some(i) => (
+            image[..last_slash + i].to_string(),
+            image[last_slash + i + 1..].to_string(),
+        ),
+        None => (image.to_string(), "latest".to_string()),
+    }
+}
+
+/// Pulls `image`, with podman-like progress lines on stderr.
+pub async fn pull(docker: &Docker, image: &str, quiet: bool) -> Result<(), ShimError> {
+    let (name, tag) = split_ref(image);
+    if !quiet {
+        eprintln!("Trying to pull {image}...");
+    }
+    let opts = CreateImageOptionsBuilder::new()
+        .from_image(&name)
+        .tag(&tag)
+        .build();
+    let mut progress = docker.create_image(Some(opts), None, None);
+    while let Some(item) = progress.next().await {
+        let info = item.map_err(ShimError::docker(format!("pull {image}")))?;
+        if let Some(e) = info.error_detail.and_then(|d| d.message) {
+            return Err(ShimError::Docker {
+                what: format!("pull {image}"),
+                source: BollardError::DockerStreamError { error: e },
+            });
+        }
+    }
+    if !quiet {
+        eprintln!("Writing manifest to image destination");
+    }
+    Ok(())
+}
+
+async fn create(
+    docker: &Docker,
+    o: &RunOpts,
+    body: ContainerCreateBody,
+) -> Result<String, ShimError> {
+    let opts = || {
+        let mut b = CreateContainerOptionsBuilder::new();
+        if let Some(n) = &o.name {
+            b = b.name(n);
+        }
+        if let Some(p) = &o.platform {
+            b = b.platform(p);
+        }
+        b.build()
+    };
+    if o.pull == PullPolicy::Always {
+        pull(docker, &o.image, o.quiet).await?;
+    }
+    watchdog::note_create();
+    match docker.create_container(Some(opts()), body.clone()).await {
+        Ok(r) => return Ok(r.id),
+        Err(e) if is_not_found(&e) && message(&e).to_ascii_lowercase().contains("image") => {
+            if o.pull == PullPolicy::Never {
+                return Err(ShimError::ImageMissing {
+                    image: o.image.clone(),
+                });
+            }
+        }
+        Err(e) => {
+            return Err(ShimError::docker(format!(
+                "create container from {}",
+                o.image
+            ))(e))
+        }
+    }
+    if !o.quiet {
+        eprintln!("Resolving \"{}\" (image not known locally)", o.image);
+    }
+    pull(docker, &o.image, o.quiet).await?;
+    watchdog::note_create();
+    docker
+        .create_container(Some(opts()), body)
+        .await
+        .map(|r| r.id)
+        .map_err(ShimError::docker(format!(
+            "create container from {}",
+            o.image
+        )))
+}
+
+/// Removes container `id` (force, with its anonymous volumes); a container
+/// already gone is fine.
+pub async fn remove(docker: &Docker, id: &str) {
+    let opts = RemoveContainerOptionsBuilder::new()
+        .force(true)
+        .v(true)
+        .build();
+    match docker.remove_container(id, Some(opts)).await {
+        Ok(()) => {}
+        Err(e) if is_not_found(&e) => {}
+        Err(e) => tracing::warn!(id, error = %message(&e), "failed to remove container"),
+    }
+}
+
+async fn context(
+    docker: &Docker,
+    o: &RunOpts,
+    me: Option<translate::SelfContainer>,
+) -> Result<Context, ShimError> {
+    let runtimes = match &o.runtime {
+        Some(_) => {
+            let info = docker
+                .info()
+                .await
+                .map_err(ShimError::docker("read daemon info"))?;
+            Some(info.runtimes.unwrap_or_default().into_keys().collect())
+        }
+        None => None,
+    };
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let mut canonical = HashMap::new();
+    for v in o.volumes.iter().filter(|v| v.is_path()) {
+        let p = cwd.join(&v.source);
+        let c = std::fs::canonicalize(&p).unwrap_or_else(|_| translate::normalize(&p));
+        canonical.insert(v.source.clone(), c.display().to_string());
+    }
+    let mut env_files = HashMap::new();
+    for f in &o.env_files {
+        let text = std::fs::read_to_string(f).map_err(|source| ShimError::Io {
+            path: f.clone(),
+            source,
+        })?;
+        env_files.insert(f.clone(), text);
+    }
+    let owner = docker::owner_of(me.as_ref());
+    let pid = std::process::id();
+    Ok(Context {
+        me,
+        uid: nix::unistd::getuid().as_raw(),
+        gid: nix::unistd::getgid().as_raw(),
+        env: std::env::vars_os()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.to_string_lossy().into_owned(),
+                )
+            })
+            .collect(),
+        runtimes,
+        owner,
+        shim_pid: pid,
+        shim_start: docker::process_start(pid).unwrap_or(0),
+        groups: nix::unistd::getgroups()
+            .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+            .unwrap_or_default(),
+        canonical,
+        env_files,
+    })
+}
+
+/// Runs `podman run` and returns its exit code.
+pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
+    let docker = docker::connect().await?;
+    let me = docker::whoami(&docker).await?;
+    let ctx = context(&docker, &o, me).await?;
+    // The janitor runs at each shim start, beside the real work.
+    let sweeper = {
+        let (docker, owner) = (docker.clone(), ctx.owner.clone());
+        tokio::spawn(async move {
+            if let Err(e) = janitor::sweep(&docker, &owner, JanitorScope::DeadShims).await {
+                tracing::debug!(error = %e, "janitor sweep failed");
+            }
+        })
+    };
+    let plan = translate::translate(&o, &ctx)?;
+    for w in &plan.warnings {
+        eprintln!("WARNING: {w}");
+    }
+    Policy::from_env(|k| std::env::var(k).ok()).check_run(&o, &plan)?;
+    if let (true, Some(name)) = (o.replace, &o.name) {
+        remove(&docker, name).await;
+    }
+    let id = create(&docker, &o, plan.body.clone()).await?;
+    let code = run_created(&docker, &o, &plan.copies, &id).await;
+    // Detached --rm is Docker's AutoRemove, unless the start failed.
+    if o.rm && (!o.detach || !matches!(code, Ok(0))) {
+        remove(&docker, &id).await;
+    }
+    sweeper.abort();
+    code
+}
+
+async fn run_created(
+    docker: &Docker,
+    o: &RunOpts,
+    copies: &[Copy],
+    id: &str,
+) -> Result<u8, ShimError> {
+    if let Some(f) = &o.cidfile {
+        std::fs::write(f, id).map_err(|source| ShimError::Io {
+            path: f.clone(),
+            source,
+        })?;
+    }
+    for c in copies {
+        copy_in(docker, id, c).await?;
+    }
+    if o.detach {
+        if let Err(e) = docker
+            .start_container(id, None::<StartContainerOptions>)
+            .await
+        {
+            eprintln!("Error: {}", message(&e));
+            return Ok(start_error_code(&message(&e)));
+        }
+        println!("{id}");
+        return Ok(0);
+    }
+    let mut attach = AttachContainerOptionsBuilder::new();
+    if let Some(k) = &o.detach_keys {
+        attach = attach.detach_keys(k);
+    }
+    let attach = attach
+        .stream(true)
+        .stdout(true)
+        .stderr(true)
+        .stdin(o.interactive)
+        .build();
+    let AttachContainerResults { mut output, input } = docker
+        .attach_container(id, Some(attach))
+        .await
+        .map_err(ShimError::docker(format!("attach to container {id}")))?;
+    let _raw = if o.tty && o.interactive {
+        RawTerminal::enable()
+    } else {
+        None
+    };
+    let signals = o
+        .sig_proxy
+        .then(|| forward_signals(docker.clone(), id.to_string(), o.tty));
+    let pump = tokio::spawn(async move {
+        while let Some(item) = output.next().await {
+            let result = match item {
+                Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(&message).and_then(|_| out.flush())
+                }
+                Ok(LogOutput::StdErr { message }) => std::io::stderr().lock().write_all(&message),
+                Ok(LogOutput::StdIn { .. }) => Ok(()),
+                Err(e) => {
+                    tracing::debug!(error = %e, "attach stream ended");
+                    break;
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "cannot write container output");
+            }
+        }
+    });
+    let feeder = if o.interactive {
+        let mut input = input;
+        Some(tokio::spawn(async move {
+            let mut stdin = tokio::io::stdin();
+            if let Err(e) = tokio::io::copy(&mut stdin, &mut input).await {
+                tracing::debug!(error = %e, "stdin copy ended");
+            }
+            // Half-close: the daemon closes the container's stdin (StdinOnce).
+            let _ = input.shutdown().await;
+            // Keep the write half alive so the connection is not torn down.
+            std::future::pending::<()>().await;
+        }))
+    } else {
+        // Dropping the write half would not close the connection, but keep
+        // it anyway until the end, like the read half.
+        Some(tokio::spawn(async move {
+            let _keep = input;
+            std::future::pending::<()>().await;
+        }))
+    };
+    if let Err(e) = docker
+        .start_container(id, None::<StartContainerOptions>)
+        .await
+    {
+        let msg = message(&e);
+        eprintln!("Error: {msg}");
+        pump.abort();
+        return Ok(start_error_code(&msg));
+    }
+    if o.tty {
+        resize(docker, id).await;
+    }
+    let wait = WaitContainerOptionsBuilder::new()
+        .condition("not-running")
+        .build();
+    let status = docker.wait_container(id, Some(wait)).next().await;
+    let code: i64 = match status {
+        Some(Ok(r)) => r.status_code,
+        Some(Err(BollardError::DockerContainerWaitError { code, .. })) => code,
+        Some(Err(e)) => return Err(ShimError::docker(format!("wait for container {id}"))(e)),
+        None => {
+            return Err(ShimError::Docker {
+                what: format!("wait for container {id}"),
+                source: BollardError::DockerStreamError {
+                    error: "no wait result".into(),
+                },
+            })
+        }
+    };
+    // dockerd flushes the copiers for up to 2 s after exit.
+    let _ = tokio::time::timeout(Duration::from_secs(2), pump).await;
+    if let Some(s) = signals {
+        s.abort();
+    }
+    if let Some(f) = feeder {
+        f.abort();
+    }
+    for c in copies {
+        copy_back(docker, id, c).await?;
+    }
+    Ok(u8::try_from(code).unwrap_or(EXIT_SHIM))
+}
+
+/// Forwards the catchable signals to container `id` until aborted.
+fn forward_signals(docker: Docker, id: String, tty: bool) -> tokio::task::JoinHandle<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut tasks = Vec::new();
+    for &(num, name) in FORWARDED {
+        let Ok(mut stream) = signal(SignalKind::from_raw(num)) else {
+            tracing::warn!(signal = name, "cannot install signal handler");
+            continue;
+        };
+        let (docker, id) = (docker.clone(), id.clone());
+        tasks.push(tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                let opts = KillContainerOptionsBuilder::new().signal(name).build();
+                if let Err(e) = docker.kill_container(&id, Some(opts)).await {
+                    tracing::warn!(signal = name, id, error = %message(&e), "failed to forward signal");
+                }
+            }
+        }));
+    }
+    if tty {
+        if let Ok(mut stream) = signal(SignalKind::window_change()) {
+            let (docker, id) = (docker.clone(), id.clone());
+            tasks.push(tokio::spawn(async move {
+                while stream.recv().await.is_some() {
+                    resize(&docker, &id).await;
+                }
+            }));
+        }
+    }
+    tokio::spawn(async move {
+        struct AbortAll(Vec<tokio::task::JoinHandle<()>>);
+        impl Drop for AbortAll {
+            fn drop(&mut self) {
+                self.0.iter().for_each(|t| t.abort());
+            }
+        }
+        let _guard = AbortAll(tasks);
+        std::future::pending::<()>().await;
+    })
+}
+
+/// Sets the container's TTY size to our terminal's.
+async fn resize(docker: &Docker, id: &str) {
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes a winsize into the pointed-to struct.
+    let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0;
+    if ok && ws.ws_row > 0 {
+        let opts = ResizeContainerTTYOptionsBuilder::new()
+            .h(ws.ws_row.into())
+            .w(ws.ws_col.into())
+            .build();
+        if let Err(e) = docker.resize_container_tty(id, opts).await {
+            tracing::debug!(error = %message(&e), "resize failed");
+        }
+    }
+}
+
+/// Puts our terminal in raw mode for `-it`, restoring it on drop.
+struct RawTerminal(nix::sys::termios::Termios);
+
+impl RawTerminal {
+    fn enable() -> Option<RawTerminal> {
+        use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
+        let stdin = std::io::stdin();
+        let saved = tcgetattr(stdin.as_fd()).ok()?;
+        let mut raw = saved.clone();
+        cfmakeraw(&mut raw);
+        tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &raw).ok()?;
+        Some(RawTerminal(saved))
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        let _ = nix::sys::termios::tcsetattr(
+            std::io::stdin().as_fd(),
+            nix::sys::termios::SetArg::TCSANOW,
+            &self.0,
+        );
+    }
+}
+
+/// Returns a tar of `source` whose entries are rooted at `target` (relative
+/// to `/`), for `PUT /containers/{id}/archive?path=/`. The daemon creates
+/// missing parents of `target`.
+pub fn tar_for(source: &Path, target: &str) -> Result<Vec<u8>, ShimError> {
+    let rel = target.trim_start_matches('/');
+    let err = |e| ShimError::Io {
+        path: source.display().to_string(),
+        source: e,
+    };
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    let meta = std::fs::metadata(source).map_err(err)?;
+    if meta.is_dir() {
+        b.append_dir_all(rel, source).map_err(err)?;
+    } else {
+        b.append_path_with_name(source, rel).map_err(err)?;
+    }
+    b.into_inner().map_err(err)
+}
+
+/// Unpacks a tar from `GET /containers/{id}/archive?path=<target>` (its
+/// entries start with the target's base name) into `dest`, the bind source.
+/// Entries that would leave `dest` are skipped.
+pub fn untar_into(bytes: &[u8], dest: &Path) -> Result<usize, ShimError> {
+    let err = |e| ShimError::Io {
+        path: dest.display().to_string(),
+        source: e,
+    };
+    let mut archive = tar::Archive::new(bytes);
+    let mut n = 0;
+    for entry in archive.entries().map_err(err)? {
+        let mut entry = entry.map_err(err)?;
+        let path = entry.path().map_err(err)?.into_owned();
+        let mut comps = path.components();
+        comps.next();
+        let rest: PathBuf = comps.collect();
+        if rest
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_)))
+        {
+            continue;
+        }
+        let target = if rest.as_os_str().is_empty() {
+            dest.to_path_buf()
+        } else {
+            dest.join(&rest)
+        };
+        if entry.header().entry_type().is_dir() {
+            std::fs::create_dir_all(&target).map_err(err)?;
+            continue;
+        }
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(err)?;
+        }
+        entry.unpack(&target).map_err(err)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+async fn copy_in(docker: &Docker, id: &str, c: &Copy) -> Result<(), ShimError> {
+    let bytes = tar_for(Path::new(&c.source), &c.target)?;
+    let opts = UploadToContainerOptionsBuilder::new().path("/").build();
+    docker
+        .upload_to_container(id, Some(opts), bollard::body_full(bytes.into()))
+        .await
+        .map_err(ShimError::docker(format!(
+            "copy {} into container {id} at {}",
+            c.source, c.target
+        )))
+}
+
+async fn copy_back(docker: &Docker, id: &str, c: &Copy) -> Result<(), ShimError> {
+    let opts = DownloadFromContainerOptionsBuilder::new()
+        .path(&c.target)
+        .build();
+    let mut stream = docker.download_from_container(id, Some(opts));
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(ShimError::docker(format!(
+            "copy {} back from container {id}",
+            c.target
+        )))?;
+        bytes.extend_from_slice(&chunk);
+    }
+    untar_into(&bytes, Path::new(&c.source))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_errors_map_like_the_docker_cli() {
+        assert_eq!(
+            start_error_code(
+                "OCI runtime create failed: exec: \"nope\": executable file not found in $PATH"
+            ),
+            127
+        );
+        assert_eq!(
+            start_error_code("exec: \"/x\": stat /x: no such file or directory"),
+            127
+        );
+        assert_eq!(start_error_code("exec: \"/etc\": permission denied"), 126);
+        assert_eq!(
+            start_error_code("cannot join network of a non running container"),
+            125
+        );
+    }
+
+    #[test]
+    fn image_refs_split_into_name_and_tag() {
+        assert_eq!(split_ref("ubuntu"), ("ubuntu".into(), "latest".into()));
+        assert_eq!(
+            split_ref("r.io:5000/a/b:2.53"),
+            ("r.io:5000/a/b".into(), "2.53".into())
+        );
+        assert_eq!(
+            split_ref("r.io:5000/a/b"),
+            ("r.io:5000/a/b".into(), "latest".into())
+        );
+        assert_eq!(
+            split_ref("a@sha256:00"),
+            ("a@sha256:00".into(), String::new())
+        );
+    }
+
+    #[test]
+    fn tar_round_trip_copies_back_into_the_source() {
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("in.txt"), "in").unwrap();
+        let bytes = tar_for(src.path(), "/shared").unwrap();
+        let mut names: Vec<String> = tar::Archive::new(&bytes[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        names.sort();
+        assert_eq!(names, vec!["shared/", "shared/in.txt"]);
+        // What the daemon sends back for path=/shared, plus an escape attempt.
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(3);
+        h.set_mode(0o644);
+        b.append_data(&mut h, "shared/worker_path.txt", &b"abc"[..])
+            .unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        b.append_data(&mut h, "shared/../../evil", &b"x"[..])
+            .unwrap_or(());
+        let back = b.into_inner().unwrap();
+        assert_eq!(untar_into(&back, src.path()).unwrap(), 1);
+        assert_eq!(
+            std::fs::read_to_string(src.path().join("worker_path.txt")).unwrap(),
+            "abc"
+        );
+    }
+}

@@ -1,0 +1,72 @@
+//! The node agent removes the engine containers it owns when it stops
+//! (R-PID-4, R-SHIM-4), against the real Docker daemon. A running stand-in
+//! plays the Ray container (ARGUS_SHIM_SELF_ID), so the sweep cannot touch
+//! containers of other tests.
+
+mod shim_support;
+mod support;
+
+use std::time::Duration;
+
+use support::{Agent, Sandbox};
+
+#[test]
+fn node_stop_removes_the_engine_containers_it_owns() {
+    shim_support::require_docker();
+    let img = shim_support::image();
+    let label = shim_support::unique("node-janitor");
+    let o = shim_support::docker(&[
+        "run",
+        "-d",
+        "--label",
+        &label,
+        img,
+        "/bin/tool",
+        "sleep",
+        "120",
+    ]);
+    assert!(o.status.success(), "{}", shim_support::show(&o));
+    let ray_container = shim_support::stdout(&o).trim().to_string();
+
+    let sb = Sandbox::new();
+    let mut env = sb.env("n", "head");
+    env.insert("ARGUS_SHIM_SELF_ID".into(), ray_container.clone());
+    let mut a = Agent::start(&sb, "n", &env);
+    a.wait_for("running", Duration::from_secs(10), |a| {
+        a.state() == "running"
+    });
+
+    // An engine container started through the shim, detached (no shim
+    // process stays to watch it: only the node-stop sweep removes it).
+    let engine_label = format!("{label}-engine");
+    let o = shim_support::output(
+        shim_support::podman(&[
+            "run",
+            "-d",
+            "--label",
+            &engine_label,
+            img,
+            "/bin/tool",
+            "sleep",
+            "120",
+        ])
+        .env("ARGUS_SHIM_SELF_ID", &ray_container),
+    );
+    assert!(o.status.success(), "{}", shim_support::show(&o));
+    assert_eq!(shim_support::containers_with(&engine_label).len(), 1);
+
+    a.signal(libc::SIGTERM);
+    let (st, took) = a
+        .wait_exit(Duration::from_secs(15))
+        .expect("agent did not exit");
+    assert_eq!(st.code(), Some(0), "{}", a.log());
+    let left = shim_support::containers_with(&engine_label);
+    shim_support::force_remove(&left);
+    shim_support::force_remove(&[ray_container]);
+    assert!(
+        left.is_empty(),
+        "engine containers left after the node stopped: {left:?}\n{}",
+        a.log()
+    );
+    assert!(took < Duration::from_secs(10), "stop took {took:?}");
+}

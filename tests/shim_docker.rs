@@ -1,0 +1,609 @@
+//! The podman shim against the real Docker Engine of this machine (issue 4).
+//! No registry: the image is built here (tests/shim_support). A missing
+//! daemon fails every test here loudly.
+
+mod shim_support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use shim_support::*;
+
+#[test]
+fn run_relays_stdout_stderr_and_the_exit_code() {
+    let img = image();
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        img,
+        "/bin/tool",
+        "echo",
+        "to-out",
+        "to-err",
+        "3",
+    ]));
+    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
+    assert_eq!(stdout(&o), "to-out", "{}", show(&o));
+    assert!(stderr(&o).contains("to-err"), "{}", show(&o));
+    assert!(
+        !stdout(&o).contains("to-err"),
+        "stderr leaked into stdout: {}",
+        show(&o)
+    );
+}
+
+#[test]
+fn run_feeds_stdin_and_half_closes_it_at_eof() {
+    let img = image();
+    let mut child = podman(&["run", "--rm", "-i", img, "/bin/tool", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"line one\nline two\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(stdout(&o), "line one\nline two\neof\n", "{}", show(&o));
+}
+
+#[test]
+fn run_exit_codes_for_the_shims_own_failures() {
+    let img = image();
+    let o = output(&mut podman(&["run", "--rm", img, "/does/not/exist"]));
+    assert_eq!(o.status.code(), Some(127), "{}", show(&o));
+    let o = output(&mut podman(&["run", "--rm", img, "/tmp"]));
+    assert_eq!(o.status.code(), Some(126), "{}", show(&o));
+    let o = output(&mut podman(&["run", "--rm", "--no-such-flag", img]));
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(stderr(&o).contains("--no-such-flag"), "{}", show(&o));
+    // No registry here: a missing image is pulled, the pull fails, 125.
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        "argus-shim-test:does-not-exist",
+        "true",
+    ]));
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(
+        stderr(&o).contains("argus-shim-test:does-not-exist"),
+        "{}",
+        show(&o)
+    );
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        "--pull=never",
+        "argus-shim-test:does-not-exist",
+        "true",
+    ]));
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(stderr(&o).contains("--pull=never"), "{}", show(&o));
+}
+
+#[test]
+fn run_forwards_sigterm_to_the_container() {
+    let img = image();
+    let label = unique("sig");
+    let mut child = podman(&["run", "--rm", "--label", &label, img, "/bin/tool", "trap"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(rest, "got-term\n");
+    // The container's own exit code, not a signal death of the shim.
+    assert_eq!(status.code(), Some(42));
+    assert!(
+        containers_with(&label).is_empty(),
+        "--rm left the container"
+    );
+}
+
+#[test]
+fn run_rm_removes_the_container_and_cidfile_names_it() {
+    let img = image();
+    let label = unique("rm");
+    let cid = std::env::temp_dir().join(format!("{label}.cid"));
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        "--label",
+        &label,
+        "--cidfile",
+        cid.to_str().unwrap(),
+        img,
+        "true",
+    ]));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let id = std::fs::read_to_string(&cid).unwrap();
+    assert_eq!(id.len(), 64);
+    let _ = std::fs::remove_file(&cid);
+    assert!(
+        containers_with(&label).is_empty(),
+        "--rm left the container"
+    );
+    assert!(!docker(&["inspect", &id]).status.success());
+}
+
+#[test]
+fn detached_run_and_the_other_subcommands() {
+    let img = image();
+    let name = unique("detached");
+    let o = output(&mut podman(&[
+        "run",
+        "-d",
+        "--name",
+        &name,
+        img,
+        "/bin/tool",
+        "trap",
+    ]));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let id = stdout(&o).trim().to_string();
+    assert_eq!(id.len(), 64, "{}", show(&o));
+    let cleanup = scopeguard(vec![id.clone()]);
+
+    let o = output(&mut podman(&["container", "exists", &name]));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let o = output(&mut podman(&[
+        "inspect",
+        "--format",
+        "{{.State.Status}} {{.Name}}",
+        &name,
+    ]));
+    assert_eq!(
+        stdout(&o).trim(),
+        format!("running /{name}"),
+        "{}",
+        show(&o)
+    );
+    let o = output(&mut podman(&["ps", "--format", "json"]));
+    let ps: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
+    assert!(
+        ps.as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["Id"] == id.as_str()),
+        "{}",
+        show(&o)
+    );
+    let o = output(&mut podman(&["ps", "-q"]));
+    assert!(
+        stdout(&o).lines().any(|l| id.starts_with(l)),
+        "{}",
+        show(&o)
+    );
+
+    // Logs once the container printed "ready".
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let o = output(&mut podman(&["logs", &name]));
+        if stdout(&o) == "ready\n" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no logs: {}", show(&o));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = output(&mut podman(&["kill", "-s", "TERM", &name]));
+    assert_eq!(
+        (o.status.code(), stdout(&o)),
+        (Some(0), format!("{name}\n")),
+        "{}",
+        show(&o)
+    );
+    let o = output(&mut podman(&["stop", "-t", "1", &name]));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let o = output(&mut podman(&[
+        "inspect",
+        "--format",
+        "{{.State.ExitCode}}",
+        &name,
+    ]));
+    assert_eq!(stdout(&o).trim(), "42", "{}", show(&o));
+    let o = output(&mut podman(&["rm", &name]));
+    assert_eq!(
+        (o.status.code(), stdout(&o)),
+        (Some(0), format!("{name}\n")),
+        "{}",
+        show(&o)
+    );
+    let o = output(&mut podman(&["container", "exists", &name]));
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let o = output(&mut podman(&["rm", &name]));
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(stderr(&o).contains("no such container"), "{}", show(&o));
+    drop(cleanup);
+
+    // -d --rm: Docker removes it when it exits.
+    let label = unique("detached-rm");
+    let o = output(&mut podman(&[
+        "run", "-d", "--rm", "--label", &label, img, "true",
+    ]));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !containers_with(&label).is_empty() {
+        assert!(Instant::now() < deadline, "-d --rm container not removed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let o = output(&mut podman(&["image", "exists", img]));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let o = output(&mut podman(&["image", "exists", "argus-shim-test:nope"]));
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let o = output(&mut podman(&["image", "inspect", img]));
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
+    assert!(
+        !v[0]["Id"].as_str().unwrap().starts_with("sha256:"),
+        "{}",
+        show(&o)
+    );
+    let o = output(&mut podman(&[
+        "images",
+        "--format",
+        "{{.Id}} {{json .RepoTags}}",
+    ]));
+    assert!(stdout(&o).contains(img), "{}", show(&o));
+    let o = output(&mut podman(&["version", "--format", "json"]));
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
+    assert_eq!(v["Client"]["Version"], "4.9.3");
+    let o = output(&mut podman(&[
+        "info",
+        "--format",
+        "{{.host.cgroupManager}}",
+    ]));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let o = output(&mut podman(&["--version"]));
+    assert_eq!(stdout(&o), "podman version 4.9.3\n");
+}
+
+/// Removes the containers when dropped, also when an assertion failed.
+fn scopeguard(ids: Vec<String>) -> impl Drop {
+    struct G(Vec<String>);
+    impl Drop for G {
+        fn drop(&mut self) {
+            force_remove(&self.0);
+        }
+    }
+    G(ids)
+}
+
+#[test]
+fn subcommands_refuse_containers_the_shim_does_not_own() {
+    let img = image();
+    let name = unique("foreign");
+    let o = docker(&["create", "--name", &name, img, "true"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let _g = scopeguard(vec![name.clone()]);
+    for args in [
+        vec!["rm", "-f", &name],
+        vec!["kill", &name],
+        vec!["logs", &name],
+    ] {
+        let o = output(&mut podman(&args));
+        assert_eq!(o.status.code(), Some(125), "{args:?}: {}", show(&o));
+        assert!(stderr(&o).contains("owned-containers-only"), "{}", show(&o));
+    }
+    assert!(
+        docker(&["inspect", &name]).status.success(),
+        "a foreign container was removed"
+    );
+}
+
+#[test]
+fn each_policy_refusal_is_one_line_125_and_creates_nothing() {
+    let img = image();
+    let label = unique("policy");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--privileged"], "no-privileged"),
+        (vec!["--cap-add", "ALL"], "no-cap-add-all"),
+        (
+            vec!["-v", "/var/run/docker.sock:/var/run/docker.sock"],
+            "no-docker-socket-bind",
+        ),
+        (vec!["-v", "/:/host"], "no-host-root-bind"),
+        (vec!["-v", "/etc:/x"], "no-etc-bind"),
+        (vec!["-v", "/proc:/x"], "no-proc-bind"),
+        (vec!["-v", "/sys:/x"], "no-sys-bind"),
+        (vec!["-v", "/var/lib/docker:/x"], "no-docker-data-bind"),
+        (vec!["-e", "ARGUS_SHIM_POLICY=relaxed"], "no-job-policy"),
+    ];
+    for (flags, rule) in &cases {
+        let mut args = vec!["run", "--rm", "--label", &label];
+        args.extend(flags.iter().copied());
+        args.extend([img, "true"]);
+        let o = output(&mut podman(&args));
+        assert_eq!(o.status.code(), Some(125), "{flags:?}: {}", show(&o));
+        let err = stderr(&o);
+        assert_eq!(err.lines().count(), 1, "{flags:?}: {}", show(&o));
+        assert!(
+            err.contains(rule),
+            "{flags:?} should name {rule}: {}",
+            show(&o)
+        );
+    }
+    // The allow-list, and the relax switch.
+    let o = output(
+        podman(&["run", "--rm", "--label", &label, img, "true"])
+            .env("ARGUS_SHIM_ALLOWED_IMAGES", "registry.local/*"),
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(stderr(&o).contains("allowed-images"), "{}", show(&o));
+    let o = output(
+        podman(&["run", "--rm", "--label", &label, img, "true"])
+            .env("ARGUS_SHIM_ALLOWED_IMAGES", "argus-shim-test:*"),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let o = output(
+        podman(&[
+            "run",
+            "--rm",
+            "--label",
+            &label,
+            "-v",
+            "/etc:/hostetc:ro",
+            img,
+            "true",
+        ])
+        .env("ARGUS_SHIM_POLICY", "relaxed"),
+    );
+    assert_eq!(o.status.code(), Some(0), "relaxed policy: {}", show(&o));
+    assert!(containers_with(&label).is_empty());
+}
+
+#[test]
+fn sigkill_of_the_shim_twenty_times_leaves_no_container_after_5s() {
+    let img = image();
+    let label = unique("sigkill");
+    let mut pids = Vec::new();
+    for i in 0..20u64 {
+        // Like Ray's worker: no --rm; killed at varying points of the run.
+        let child = podman(&["run", "--label", &label, img, "/bin/tool", "sleep", "60"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50 + (i * 53) % 700));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        pids.push(child);
+    }
+    for mut c in pids {
+        c.wait().unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    let left = containers_with(&label);
+    force_remove(&left);
+    assert!(
+        left.is_empty(),
+        "{} container(s) left 5 s after SIGKILL of their shims: {left:?}",
+        left.len()
+    );
+}
+
+/// Runs `argus-agent` as `podman` inside a container of the test image with
+/// the Docker socket, like the Ray node container; returns its output.
+fn inside(binds: &[String], argv: &[&str]) -> std::process::Output {
+    let img = image();
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "--rm".into(),
+        "-v".into(),
+        "/var/run/docker.sock:/var/run/docker.sock".into(),
+        "-v".into(),
+        format!("{BIN}:/usr/bin/podman:ro"),
+    ];
+    for b in binds {
+        args.push("-v".into());
+        args.push(b.clone());
+    }
+    args.push(img.into());
+    args.extend(argv.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    docker(&args)
+}
+
+#[test]
+fn inside_a_container_ray_worker_flags_translate_binds_and_share_the_pid_namespace() {
+    let img = image();
+    let host_dir = tempfile::tempdir().unwrap();
+    std::fs::write(host_dir.path().join("marker"), "from-the-host").unwrap();
+    let bind = format!("{}:/tmp/ray", host_dir.path().display());
+    // Ray's worker prefix (ray.md §1, Call B), entrypoint swapped for the tool.
+    let o = inside(
+        &[bind],
+        &[
+            "/usr/bin/podman",
+            "run",
+            "--rm",
+            "-v",
+            "/tmp/ray:/tmp/ray",
+            "--cgroup-manager=cgroupfs",
+            "--network=host",
+            "--pid=host",
+            "--ipc=host",
+            "--userns=keep-id",
+            "--env",
+            "RAY_JOB_ID=01000000",
+            "--entrypoint",
+            "/bin/tool",
+            img,
+            "then",
+            "/bin/tool",
+            "ps",
+            "--",
+            "/tmp/ray/marker",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = stdout(&o);
+    // The bind source /tmp/ray inside the caller was translated to host_dir.
+    assert!(out.contains("file:from-the-host"), "{}", show(&o));
+    // --pid=host: the engine container sees the caller (PID 1 of the Ray
+    // container, here the shim itself).
+    assert!(
+        out.lines().any(|l| l.starts_with("1 /usr/bin/podman run")),
+        "caller PID not visible: {}",
+        show(&o)
+    );
+
+    // Control: without --pid=host the caller is not visible.
+    let o = inside(
+        &[],
+        &["/usr/bin/podman", "run", "--rm", img, "/bin/tool", "ps"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(!stdout(&o).contains("podman"), "{}", show(&o));
+
+    // Writes through the translated bind reach the host.
+    let bind = format!("{}:/data", host_dir.path().display());
+    let o = inside(
+        &[bind],
+        &[
+            "/usr/bin/podman",
+            "run",
+            "--rm",
+            "-v",
+            "/data:/out",
+            img,
+            "/bin/tool",
+            "write",
+            "/out/w",
+            "x",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        std::fs::read_to_string(host_dir.path().join("w")).unwrap(),
+        "x"
+    );
+}
+
+#[test]
+fn inside_a_container_the_worker_path_probe_is_copied_in_and_back() {
+    let img = image();
+    let script = "\nimport ray._private.workers.default_worker as dw\nwith open('/shared/worker_path.txt', 'w') as f:\n    f.write(dw.__file__)\n";
+    // /tmp of the outer container is its own overlay: not host-visible.
+    let o = inside(
+        &[],
+        &[
+            "/bin/tool",
+            "then",
+            "/usr/bin/podman",
+            "run",
+            "--rm",
+            "-v",
+            "/tmp:/shared:Z",
+            img,
+            "python",
+            "-c",
+            script,
+            "--",
+            "/tmp/worker_path.txt",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        stdout(&o).contains("file:/ray/default_worker.py"),
+        "{}",
+        show(&o)
+    );
+
+    // Without --rm the same bind is refused, naming the path.
+    let o = inside(
+        &[],
+        &["/usr/bin/podman", "run", "-v", "/tmp:/shared", img, "true"],
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(
+        stderr(&o).contains("-v /tmp:/shared: /tmp is not backed by a host mount"),
+        "{}",
+        show(&o)
+    );
+}
+
+/// Ray's probe reads the shim's stdout and stderr to EOF: the watchdog that
+/// outlives a SIGKILLed shim must not hold them open.
+#[test]
+fn sigkilled_shim_does_not_hold_its_output_pipes_open() {
+    let img = image();
+    let label = unique("pipes");
+    let mut child = podman(&["run", "--rm", "--label", &label, img, "/bin/tool", "trap"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let t = Instant::now();
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut out, &mut rest).unwrap();
+    std::io::Read::read_to_end(&mut child.stderr.take().unwrap(), &mut rest).unwrap();
+    child.wait().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(1000),
+        "pipes held open for {:?}",
+        t.elapsed()
+    );
+    // And the watchdog still removes the container (the 5 s bound is the
+    // 20-kill test's; here only that it happens, under any machine load).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !containers_with(&label).is_empty() {
+        assert!(Instant::now() < deadline, "container left after SIGKILL");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn run_with_a_tty_merges_stderr_into_stdout() {
+    let img = image();
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        "-t",
+        img,
+        "/bin/tool",
+        "echo",
+        "to-out",
+        "to-err",
+        "5",
+    ]));
+    assert_eq!(o.status.code(), Some(5), "{}", show(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("to-out") && out.contains("to-err"),
+        "{}",
+        show(&o)
+    );
+    assert!(stderr(&o).is_empty(), "{}", show(&o));
+}

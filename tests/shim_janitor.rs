@@ -1,0 +1,115 @@
+//! The janitor the node agent calls (`argus::shim::janitor`), against the
+//! real daemon. The containers get an owner of their own (a running stand-in
+//! for the Ray container), so the node-stop sweep cannot touch the
+//! containers of shim tests running elsewhere. A dead-shim sweep also
+//! removes orphans (containers whose Ray container is gone) anywhere on the
+//! daemon: that is its job.
+
+mod shim_support;
+
+use argus::shim::janitor::{sweep_owner_blocking, JanitorScope};
+use shim_support::*;
+
+/// Creates a running container labelled like the shim's, owned by `owner`,
+/// for shim `pid` (no start label: only liveness of the pid counts).
+fn labelled(label: &str, owner: &str, pid: Option<u32>, rm: bool) -> String {
+    let img = image();
+    let owner = format!("io.argus.shim.owner={owner}");
+    let rm = format!("io.argus.shim.rm={}", u8::from(rm));
+    let mut args = vec![
+        "run", "-d", "--label", label, "--label", &owner, "--label", &rm,
+    ];
+    let pid_label = pid.map(|p| format!("io.argus.shim.pid={p}"));
+    if let Some(p) = &pid_label {
+        args.extend(["--label", p]);
+    }
+    args.extend([img, "/bin/tool", "sleep", "60"]);
+    let o = docker(&args);
+    assert!(o.status.success(), "{}", show(&o));
+    stdout(&o).trim().to_string()
+}
+
+#[test]
+fn janitor_removes_dead_shims_containers_then_all_at_node_stop() {
+    let label = unique("janitor");
+    // A running stand-in for the Ray container that owns them.
+    let o = docker(&[
+        "run",
+        "-d",
+        "--label",
+        &label,
+        image(),
+        "/bin/tool",
+        "sleep",
+        "120",
+    ]);
+    assert!(o.status.success(), "{}", show(&o));
+    let owner = stdout(&o).trim().to_string();
+    let sweep =
+        |scope| sweep_owner_blocking("unix:///var/run/docker.sock", Some(&owner), scope).unwrap();
+    // A pid that is certainly dead: a child that has exited and been reaped.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let live = std::process::id();
+    let of_dead = labelled(&label, &owner, Some(dead), false);
+    let of_live = labelled(&label, &owner, Some(live), true);
+    let detached = labelled(&label, &owner, None, false);
+
+    let n = sweep(JanitorScope::DeadShims);
+    assert!(n >= 1, "removed {n}");
+    let left = containers_with(&label);
+    assert!(
+        !left.contains(&of_dead),
+        "the dead shim's container is still there"
+    );
+    assert!(
+        left.contains(&of_live),
+        "the live shim's container was removed"
+    );
+    assert!(left.contains(&detached), "a detached container was removed");
+
+    let n = sweep(JanitorScope::AllOwned);
+    assert_eq!(n, 2);
+    let left = containers_with(&label);
+    force_remove(&left);
+    assert_eq!(
+        left,
+        vec![owner],
+        "node-stop sweep left more than the owner"
+    );
+}
+
+#[test]
+fn janitor_without_a_docker_socket_returns_zero_at_once() {
+    let t = std::time::Instant::now();
+    let n = argus::shim::janitor::sweep_blocking_at(
+        "unix:///nonexistent/docker.sock",
+        JanitorScope::AllOwned,
+    )
+    .unwrap();
+    assert_eq!(n, 0);
+    assert!(t.elapsed() < std::time::Duration::from_millis(500));
+}
+
+#[test]
+fn janitor_removes_containers_whose_ray_container_is_gone() {
+    let label = unique("orphan");
+    // An owner id that no container has (any more).
+    let gone = format!("{:0>64}", format!("{:x}", std::process::id()));
+    let orphan = labelled(&label, &gone, Some(std::process::id()), false);
+    let mine = unique("owner");
+    let n = sweep_owner_blocking(
+        "unix:///var/run/docker.sock",
+        Some(&mine),
+        JanitorScope::DeadShims,
+    )
+    .unwrap();
+    let left = containers_with(&label);
+    force_remove(&left);
+    assert!(n >= 1, "removed {n}");
+    assert!(
+        !left.contains(&orphan),
+        "the orphan of a gone Ray container is still there"
+    );
+}
