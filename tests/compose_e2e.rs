@@ -550,8 +550,6 @@ fn compose_worker_stops_cleanly_on_docker_stop() {
 /// once, a host model cache readable in the engine, a SIGKILLed Ray worker
 /// takes its engine container with it, and a stopped node leaves none behind.
 #[test]
-#[ignore = "needs the podman shim on main, with its janitor sweeps wired into `run`; \
-run with --ignored once they land"]
 fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
     elapsed_since_start();
     require_docker();
