@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds the node image and engine images from this checkout.
+#
+#   scripts/build-images.sh [node] [engine] [options]     (default: node)
+#
+# Node: argus/argus-ray-node:$ARGUS_VERSION (default dev) from Dockerfile.node.
+#   --prebuilt      use target/release/argus-agent (built here with
+#                   `cargo build --release -p argus-agent` unless --no-cargo)
+#                   instead of compiling the agent in a Rust image
+#   --agent-binary P  with --prebuilt: the binary at P (a path inside this
+#                   checkout, let through by .dockerignore: target/release/
+#                   or target/e2e/argus-agent); implies --no-cargo
+#   --local-base    BASE_IMAGE=argus/ray-base:2.53.0-py311, made by
+#                   scripts/build-base-image.sh when missing (no registry
+#                   needed); otherwise rayproject/ray:2.53.0-py311
+# Engine: {registry}/neutree/engine-{engine}:{version}-ray{ray} from
+#   Dockerfile.engine-vllm.
+#   --registry R        (default: localhost)
+#   --engine-version V  (default: v$VLLM_VERSION, VLLM_VERSION=0.12.0)
+#   --no-vllm           INSTALL_VLLM=0: the stand-in engine image (no vLLM)
+# Environment: BASE_IMAGE, RAY_VERSION (2.53.0), ARGUS_VERSION (dev),
+# VLLM_VERSION, DOCKER_BUILDKIT (0 when the buildx plugin is missing).
+# Prints the tags it built, one a line, on stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RAY_VERSION=${RAY_VERSION:-2.53.0}
+ARGUS_VERSION=${ARGUS_VERSION:-dev}
+VLLM_VERSION=${VLLM_VERSION:-0.12.0}
+LOCAL_BASE_TAG=argus/ray-base:${RAY_VERSION}-py311
+OFFICIAL_BASE=rayproject/ray:${RAY_VERSION}-py311
+
+log() { printf 'build-images: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+build_node=0 build_engine=0 prebuilt=0 cargo=1 local_base=0 install_vllm=1
+registry=localhost engine_version= agent_binary=target/release/argus-agent
+while [ $# -gt 0 ]; do
+  case $1 in
+    node) build_node=1 ;;
+    engine) build_engine=1 ;;
+    --prebuilt) prebuilt=1 ;;
+    --no-cargo) cargo=0 ;;
+    --local-base) local_base=1 ;;
+    --agent-binary) agent_binary=$2; cargo=0; shift ;;
+    --registry) registry=$2; shift ;;
+    --engine-version) engine_version=$2; shift ;;
+    --no-vllm) install_vllm=0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument: $1 (see --help)" ;;
+  esac
+  shift
+done
+[ $build_node = 1 ] || [ $build_engine = 1 ] || build_node=1
+engine_version=${engine_version:-v$VLLM_VERSION}
+
+command -v docker >/dev/null || die "docker CLI not found"
+# Docker >= 23 defaults to BuildKit, which needs the buildx plugin; the legacy
+# builder works for both Dockerfiles (stage order is chosen for it).
+if [ -z "${DOCKER_BUILDKIT:-}" ] && ! docker buildx version >/dev/null 2>&1; then
+  export DOCKER_BUILDKIT=0
+fi
+
+if [ -z "${BASE_IMAGE:-}" ]; then
+  if [ $local_base = 1 ]; then
+    BASE_IMAGE=$LOCAL_BASE_TAG
+    docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 || scripts/build-base-image.sh
+  else
+    BASE_IMAGE=$OFFICIAL_BASE
+  fi
+fi
+
+if [ $build_node = 1 ]; then
+  tag=argus/argus-ray-node:$ARGUS_VERSION
+  args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" -f Dockerfile.node -t "$tag")
+  if [ $prebuilt = 1 ]; then
+    [ $cargo = 0 ] || cargo build --release --locked -p argus-agent >&2
+    [ -x "$agent_binary" ] || die "$agent_binary missing (cargo build --release -p argus-agent)"
+    args+=(--target node-prebuilt --build-arg "AGENT_BINARY=$agent_binary")
+  else
+    args+=(--target node)
+  fi
+  log "docker build ${args[*]} ."
+  docker build "${args[@]}" . >&2
+  echo "$tag"
+fi
+
+if [ $build_engine = 1 ]; then
+  tag=$registry/neutree/engine-vllm:$engine_version-ray$RAY_VERSION
+  args=(-f Dockerfile.engine-vllm -t "$tag"
+    --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "RAY_VERSION=$RAY_VERSION"
+    --build-arg "VLLM_VERSION=$VLLM_VERSION" --build-arg "INSTALL_VLLM=$install_vllm"
+    --build-arg "ENGINE_VERSION=$engine_version")
+  log "docker build ${args[*]} ."
+  docker build "${args[@]}" . >&2
+  echo "$tag"
+fi

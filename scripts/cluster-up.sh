@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The README's first command: builds the images and starts the compose
+# cluster (one head, two workers), then waits until all three Ray nodes are
+# alive.
+#
+#   scripts/cluster-up.sh [--no-wait] [--no-build] [-- extra `up` args]
+#
+# Choices made for you (override by environment):
+#   - Ray base: rayproject/ray:2.53.0-py311 if present or pullable, else the
+#     registry-free argus/ray-base (scripts/build-base-image.sh, needs root).
+#     ARGUS_BASE_IMAGE=... forces one.
+#   - agent: the prebuilt target/release/argus-agent when cargo is here,
+#     else compiled in the Rust build stage. ARGUS_PREBUILT=0|1 forces one.
+#   - compose: `docker compose` (v2) if present, else `docker-compose` (v1).
+# Host preparation: ARGUS_MODEL_CACHE (/tmp/argus-models) is created;
+# ARGUS_DOCKER_GID is read off /var/run/docker.sock. Everything else:
+# docker-compose.yaml's header.
+# Stop it with: docker compose down -v   (or docker-compose down -v)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf 'cluster-up: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+wait_nodes=1 build=1 up_args=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --no-wait) wait_nodes=0 ;;
+    --no-build) build=0 ;;
+    --) shift; up_args=("$@"); break ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument: $1 (see --help)" ;;
+  esac
+  shift
+done
+
+command -v docker >/dev/null || die "docker CLI not found"
+docker info >/dev/null 2>&1 || die "Docker daemon not reachable"
+if docker compose version >/dev/null 2>&1; then
+  compose=(docker compose)
+elif command -v docker-compose >/dev/null; then
+  compose=(docker-compose)
+else
+  die "neither 'docker compose' nor 'docker-compose' found"
+fi
+
+RAY_VERSION=${RAY_VERSION:-2.53.0}
+official=rayproject/ray:${RAY_VERSION}-py311
+export ARGUS_NODE_IMAGE=${ARGUS_NODE_IMAGE:-argus/argus-ray-node:${ARGUS_VERSION:-dev}}
+export ARGUS_MODEL_CACHE=${ARGUS_MODEL_CACHE:-/tmp/argus-models}
+export ARGUS_DOCKER_GID=${ARGUS_DOCKER_GID:-$(stat -c %g /var/run/docker.sock)}
+
+if [ $build = 1 ]; then
+  if [ -z "${ARGUS_BASE_IMAGE:-}" ]; then
+    if docker image inspect "$official" >/dev/null 2>&1 \
+       || timeout 900 docker pull "$official" >/dev/null 2>&1; then
+      ARGUS_BASE_IMAGE=$official
+    else
+      log "$official is neither here nor pullable: using a local Ray base"
+      ARGUS_BASE_IMAGE=argus/ray-base:${RAY_VERSION}-py311
+      docker image inspect "$ARGUS_BASE_IMAGE" >/dev/null 2>&1 || scripts/build-base-image.sh
+    fi
+  fi
+  export ARGUS_BASE_IMAGE
+  prebuilt=${ARGUS_PREBUILT:-$(command -v cargo >/dev/null && echo 1 || echo 0)}
+  flags=(node)
+  [ "$prebuilt" = 1 ] && flags+=(--prebuilt)
+  BASE_IMAGE=$ARGUS_BASE_IMAGE ARGUS_VERSION=${ARGUS_NODE_IMAGE##*:} scripts/build-images.sh "${flags[@]}" >/dev/null
+fi
+
+mkdir -p "$ARGUS_MODEL_CACHE"
+
+log "${compose[*]} up -d"
+"${compose[@]}" up -d --no-build "${up_args[@]}"
+
+[ $wait_nodes = 1 ] || exit 0
+head=$("${compose[@]}" ps -q head)
+deadline=$(( $(date +%s) + ${ARGUS_UP_TIMEOUT_S:-300} ))
+log "waiting for 3 alive Ray nodes (up to ${ARGUS_UP_TIMEOUT_S:-300} s)"
+while :; do
+  out=$(docker exec -i "$head" python - <docker/tools/ray_nodes.py 2>/dev/null || true)
+  alive=$(printf '%s' "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["alive"])' 2>/dev/null || echo 0)
+  if [ "$alive" -ge 3 ]; then
+    log "cluster up: $alive Ray nodes alive; dashboard http://localhost:${ARGUS_DASHBOARD_HOST_PORT:-8265}"
+    exit 0
+  fi
+  [ "$(date +%s)" -lt "$deadline" ] || { "${compose[@]}" ps >&2; die "only $alive Ray nodes alive after ${ARGUS_UP_TIMEOUT_S:-300} s"; }
+  sleep 3
+done
