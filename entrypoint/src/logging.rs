@@ -17,12 +17,16 @@ where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
     let base = fmt::layer().with_writer(writer).with_ansi(false);
+    // The level applies to the agent's own crates; libraries (bollard,
+    // hyper, notify) only say warnings and errors.
+    let filter = || {
+        EnvFilter::new(format!(
+            "warn,argus={level},argus_agent={level},argus_discovery={level}"
+        ))
+    };
     match format {
-        LogFormat::Text => base
-            .with_target(false)
-            .with_filter(EnvFilter::new(level))
-            .boxed(),
-        LogFormat::Json => base.json().with_filter(EnvFilter::new(level)).boxed(),
+        LogFormat::Text => base.with_target(false).with_filter(filter()).boxed(),
+        LogFormat::Json => base.json().with_filter(filter()).boxed(),
     }
 }
 
