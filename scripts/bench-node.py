@@ -34,7 +34,7 @@ def base_env(tmp, name, role):
         ARGUS_STATE_DIR=os.path.join(tmp, f"state-{name}"),
         ARGUS_LOG_DIR=os.path.join(tmp, f"logs-{name}"),
         ARGUS_RAY_BIN=FAKE_RAY, FAKE_RAY_LOG=os.path.join(tmp, f"ray-{name}.jsonl"),
-        FAKE_RAY_BINDIR=os.path.join(tmp, "bin"), ARGUS_NODE_IP="127.0.0.1",
+        FAKE_RAY_BINDIR=os.path.join(tmp, "bin"), ARGUS_NODE_IP="127.0.0.1", RAY_TMPDIR=os.path.join(tmp, f"raytmp-{name}"),
         ARGUS_PREFLIGHT="skip", ARGUS_DISABLE_PRESTART="1",
         ARGUS_RAY_PORT=str(free_port()), ARGUS_DASHBOARD_PORT=str(free_port()))
 

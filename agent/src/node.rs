@@ -41,6 +41,8 @@ const TICK: Duration = Duration::from_millis(200);
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// How often a waiting node repeats why it waits.
 const WAIT_LOG_EVERY: Duration = Duration::from_secs(30);
+/// How long the head waits for its raylet before publishing anyway.
+const HEAD_RAYLET_WAIT: Duration = Duration::from_secs(60);
 /// Consecutive failures from which a crash loop is reported.
 const CRASH_LOOP_AFTER: u32 = 3;
 
@@ -517,14 +519,28 @@ impl Node {
         let serving = self.ray.as_ref().is_some_and(|r| r.serving);
         if !serving {
             let addr = SocketAddr::new(self.ip, self.cfg.ray_port);
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                if let Some(r) = self.ray.as_mut() {
-                    r.serving = true;
-                }
-                info!(%addr, "gcs accepts connections; publishing head record");
-                self.publish(HeadState::Running);
-                self.set_state(NodeState::Running, format!("serving at {addr}"));
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+                return;
             }
+            let Some((started, started_wall)) =
+                self.ray.as_ref().map(|r| (r.started, r.started_wall))
+            else {
+                return;
+            };
+            let raylet = self.head_raylet_ready(started_wall);
+            if !raylet && started.elapsed() < HEAD_RAYLET_WAIT {
+                return;
+            }
+            if let Some(r) = self.ray.as_mut() {
+                r.serving = true;
+            }
+            if raylet {
+                info!(%addr, "gcs accepts connections and the head's raylet is up; publishing head record");
+            } else {
+                warn!(%addr, waited_s = HEAD_RAYLET_WAIT.as_secs(), "gcs accepts connections but the head's raylet socket was not seen; publishing head record anyway");
+            }
+            self.publish(HeadState::Running);
+            self.set_state(NodeState::Running, format!("serving at {addr}"));
             return;
         }
         if self.head().next_refresh.is_some_and(|t| now >= t) {
@@ -543,6 +559,22 @@ impl Node {
             }
             self.publish(HeadState::Running);
         }
+    }
+
+    /// Returns true if and only if this start's raylet accepts connections on
+    /// its socket in the current session (`<temp>/session_latest`).
+    ///
+    /// Why wait for it: nodes that share a session folder (several nodes on
+    /// one machine) pick socket names by racing on file existence; a worker
+    /// joining while the head's raylet is still starting can take the name
+    /// `sockets/raylet` first and crash the head's raylet (research/ray.md
+    /// §4). Across machines it only means workers join a head that is up.
+    fn head_raylet_ready(&self, started_wall: SystemTime) -> bool {
+        let sock = self.ray_temp_dir().join("session_latest/sockets/raylet");
+        let fresh = std::fs::metadata(&sock)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t + Duration::from_secs(2) >= started_wall);
+        fresh && std::os::unix::net::UnixStream::connect(&sock).is_ok()
     }
 
     /// Returns a generation higher than ours if one was claimed.

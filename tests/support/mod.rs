@@ -76,6 +76,7 @@ impl Sandbox {
             self.bindir().display().to_string(),
         );
         e.insert("ARGUS_NODE_IP".into(), "127.0.0.1".into());
+        e.insert("RAY_TMPDIR".into(), p(&format!("raytmp-{name}")));
         e.insert("ARGUS_PREFLIGHT".into(), "skip".into());
         e.insert("ARGUS_DISABLE_PRESTART".into(), "1".into());
         e.insert("ARGUS_TTL_S".into(), "3".into());
