@@ -217,8 +217,12 @@ impl FakeNode {
     }
 
     /// Returns the fake ray's marker, if it ran.
+    /// Returns the marker once a whole line is in it (the shell's `>>`
+    /// creates the file before it writes: an empty read is not a start yet).
     pub fn ray_marker(&self) -> Option<String> {
-        std::fs::read_to_string(self.path("ray.marker")).ok()
+        std::fs::read_to_string(self.path("ray.marker"))
+            .ok()
+            .filter(|m| m.ends_with('\n'))
     }
 
     /// Runs `argus-agent run` expecting it to stop by itself within
