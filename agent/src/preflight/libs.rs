@@ -175,48 +175,26 @@ fn probe_nvml() -> (Check, Option<u32>) {
             let count = lib.get::<NvmlCount>(b"nvmlDeviceGetCount_v2\0")?;
             let err_s = lib.get::<NvmlErrorString>(b"nvmlErrorString\0").ok();
             let describe = |rc: c_int| err_s.as_ref().and_then(|f| cstr(f(rc)));
+            let failed = |call: &str, args: &str, rc: c_int| {
+                let (class, sig) = classify_nvml(rc);
+                call_failed(
+                    NVML,
+                    (class, sig),
+                    call,
+                    args,
+                    rc,
+                    describe(rc),
+                    String::new(),
+                )
+            };
             let rc = init();
             if rc != 0 {
-                let (class, sig) = classify_nvml(rc);
-                let name = describe(rc);
-                let c = Check::fail(
-                    NVML,
-                    class,
-                    sig,
-                    format!(
-                        "nvmlInit_v2 returned {rc} ({})",
-                        name.as_deref().unwrap_or("unknown")
-                    ),
-                )
-                .with(Evidence {
-                    command: "nvmlInit_v2()".into(),
-                    exit_code: Some(rc),
-                    code_name: name,
-                    ..Default::default()
-                });
-                return Ok((c, None));
+                return Ok((failed("nvmlInit_v2", "()", rc), None));
             }
             let mut n: c_uint = 0;
             let rc = count(&mut n);
             if rc != 0 {
-                let (class, sig) = classify_nvml(rc);
-                let name = describe(rc);
-                let c = Check::fail(
-                    NVML,
-                    class,
-                    sig,
-                    format!(
-                        "nvmlDeviceGetCount_v2 returned {rc} ({})",
-                        name.as_deref().unwrap_or("unknown")
-                    ),
-                )
-                .with(Evidence {
-                    command: "nvmlDeviceGetCount_v2(&n)".into(),
-                    exit_code: Some(rc),
-                    code_name: name,
-                    ..Default::default()
-                });
-                return Ok((c, None));
+                return Ok((failed("nvmlDeviceGetCount_v2", "(&n)", rc), None));
             }
             if let Ok(shutdown) = lib.get::<NvmlInit>(b"nvmlShutdown\0") {
                 shutdown();
@@ -289,51 +267,30 @@ fn probe_cuda() -> (Check, Option<u32>, Option<PathBuf>) {
                 .as_ref()
                 .map(|p| format!(" (loaded from {})", p.display()))
                 .unwrap_or_default();
+            let failed = |call: &str, args: &str, rc: c_int, at: &str| {
+                let (class, sig, hint) = classify_cuda(rc);
+                call_failed(
+                    CUDA,
+                    (class, sig),
+                    call,
+                    args,
+                    rc,
+                    describe(rc),
+                    format!("{at}: {hint}"),
+                )
+            };
             let rc = init(0);
             if rc != 0 {
-                let (class, sig, hint) = classify_cuda(rc);
-                let name = describe(rc);
-                let c = Check::fail(
-                    CUDA,
-                    class,
-                    sig,
-                    format!(
-                        "cuInit(0) returned {rc} ({}){at}: {hint}",
-                        name.as_deref().unwrap_or("unknown")
-                    ),
-                )
-                .with(Evidence {
-                    command: "cuInit(0)".into(),
-                    exit_code: Some(rc),
-                    code_name: name,
-                    note: path
-                        .as_ref()
-                        .map(|p| format!("libcuda.so.1 -> {}", p.display())),
-                    ..Default::default()
-                });
+                let mut c = failed("cuInit", "(0)", rc, &at);
+                if let (Some(ev), Some(p)) = (c.evidence.last_mut(), path.as_ref()) {
+                    ev.note = Some(format!("libcuda.so.1 -> {}", p.display()));
+                }
                 return Ok((c, None, path));
             }
             let mut n: c_int = 0;
             let rc = count(&mut n);
             if rc != 0 {
-                let (class, sig, hint) = classify_cuda(rc);
-                let name = describe(rc);
-                let c = Check::fail(
-                    CUDA,
-                    class,
-                    sig,
-                    format!(
-                        "cuDeviceGetCount returned {rc} ({}): {hint}",
-                        name.as_deref().unwrap_or("unknown")
-                    ),
-                )
-                .with(Evidence {
-                    command: "cuDeviceGetCount(&n)".into(),
-                    exit_code: Some(rc),
-                    code_name: name,
-                    ..Default::default()
-                });
-                return Ok((c, None, path));
+                return Ok((failed("cuDeviceGetCount", "(&n)", rc, ""), None, path));
             }
             let n = n.max(0) as u32;
             Ok((
@@ -386,6 +343,30 @@ fn loaded_from(addr: *const c_void) -> Option<PathBuf> {
 }
 
 /// Classifies a failing `nvmlReturn_t`.
+/// Returns the failed check for a library call `call` + `args` that
+/// returned `rc` (named `name` by the library), with `tail` appended to the
+/// message.
+fn call_failed(
+    check: &str,
+    (class, signature): (Class, &'static str),
+    call: &str,
+    args: &str,
+    rc: c_int,
+    name: Option<String>,
+    tail: String,
+) -> Check {
+    let message = format!(
+        "{call} returned {rc} ({}){tail}",
+        name.as_deref().unwrap_or("unknown")
+    );
+    Check::fail(check, class, signature, message).with(Evidence {
+        command: format!("{call}{args}"),
+        exit_code: Some(rc),
+        code_name: name,
+        ..Default::default()
+    })
+}
+
 pub fn classify_nvml(rc: c_int) -> (Class, &'static str) {
     match rc {
         9 => (Class::InfrastructureFatal, "driver-not-loaded"),
