@@ -894,13 +894,12 @@ impl Node {
                         .is_none_or(|t| t.elapsed() >= WAIT_LOG_EVERY)
                     {
                         self.last_wait_log = Some(now);
-                        let waited = SystemTime::now()
-                            .duration_since(if self.state == NodeState::WaitingForHead {
-                                self.state_since
-                            } else {
-                                SystemTime::now()
-                            })
-                            .unwrap_or_default();
+                        let waited = match self.state {
+                            NodeState::WaitingForHead => {
+                                self.state_since.elapsed().unwrap_or_default()
+                            }
+                            _ => Duration::ZERO,
+                        };
                         info!(reason = %why, waited_s = waited.as_secs(), "waiting for head");
                     }
                     self.set_state(NodeState::WaitingForHead, why);
