@@ -135,6 +135,30 @@ async fn scope(docker: &Docker) -> Result<Scope, ShimError> {
 }
 
 /// Resolves `name` to an owned container id; Ok(None) when there is none.
+/// Resolves `names` to the ids of containers this shim owns, with the exit
+/// code so far: a name that is not owned is reported (unless `ignore`) and
+/// makes it 1.
+async fn resolve_owned(
+    docker: &Docker,
+    s: &Scope,
+    names: &[String],
+    ignore: bool,
+) -> Result<(Vec<(String, String)>, u8), ShimError> {
+    let mut found = Vec::new();
+    let mut code = 0;
+    for n in names {
+        match owned(docker, s, n).await? {
+            Some(id) => found.push((n.clone(), id)),
+            None if ignore => {}
+            None => {
+                eprintln!("Error: {}", ShimError::NoSuchContainer(n.clone()));
+                code = 1;
+            }
+        }
+    }
+    Ok((found, code))
+}
+
 async fn owned(docker: &Docker, s: &Scope, name: &str) -> Result<Option<String>, ShimError> {
     match docker
         .inspect_container(name, None::<InspectContainerOptions>)
@@ -327,20 +351,13 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
             names,
         } => {
             let s = scope(&docker).await?;
-            let mut code = 0;
-            for n in &names {
-                let Some(id) = owned(&docker, &s, n).await? else {
-                    if !ignore {
-                        eprintln!("Error: {}", ShimError::NoSuchContainer(n.clone()));
-                        code = 1;
-                    }
-                    continue;
-                };
+            let (found, mut code) = resolve_owned(&docker, &s, &names, ignore).await?;
+            for (n, id) in &found {
                 let opts = RemoveContainerOptionsBuilder::new()
                     .force(force)
                     .v(volumes)
                     .build();
-                match docker.remove_container(&id, Some(opts)).await {
+                match docker.remove_container(id, Some(opts)).await {
                     Ok(()) => println!("{n}"),
                     Err(e) => {
                         eprintln!("Error: cannot remove container {n}: {}", message(&e));
@@ -362,17 +379,10 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
             } else {
                 format!("SIG{}", signal.to_ascii_uppercase())
             };
-            let mut code = 0;
-            for n in &names {
-                let Some(id) = owned(&docker, &s, n).await? else {
-                    if !ignore {
-                        eprintln!("Error: {}", ShimError::NoSuchContainer(n.clone()));
-                        code = 1;
-                    }
-                    continue;
-                };
+            let (found, mut code) = resolve_owned(&docker, &s, &names, ignore).await?;
+            for (n, id) in &found {
                 let opts = KillContainerOptionsBuilder::new().signal(&signal).build();
-                match docker.kill_container(&id, Some(opts)).await {
+                match docker.kill_container(id, Some(opts)).await {
                     Ok(()) => println!("{n}"),
                     Err(e) => {
                         eprintln!("Error: cannot kill container {n}: {}", message(&e));
@@ -388,20 +398,13 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
             names,
         } => {
             let s = scope(&docker).await?;
-            let mut code = 0;
-            for n in &names {
-                let Some(id) = owned(&docker, &s, n).await? else {
-                    if !ignore {
-                        eprintln!("Error: {}", ShimError::NoSuchContainer(n.clone()));
-                        code = 1;
-                    }
-                    continue;
-                };
+            let (found, mut code) = resolve_owned(&docker, &s, &names, ignore).await?;
+            for (n, id) in &found {
                 let mut b = StopContainerOptionsBuilder::new();
                 if let Some(t) = timeout {
                     b = b.t(t);
                 }
-                match docker.stop_container(&id, Some(b.build())).await {
+                match docker.stop_container(id, Some(b.build())).await {
                     Ok(()) => println!("{n}"),
                     // 304: already stopped.
                     Err(bollard::errors::Error::DockerResponseServerError {
