@@ -22,7 +22,15 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 const RAY_VERSION: &str = "2.53.0";
-const NODE_IMAGE: &str = "argus/argus-ray-node:e2e";
+/// The node image tag's version part: `ARGUS_E2E_VERSION` (default `e2e`), so
+/// two checkouts testing on one daemon do not overwrite each other's image.
+fn e2e_version() -> String {
+    std::env::var("ARGUS_E2E_VERSION").unwrap_or_else(|_| "e2e".to_string())
+}
+
+fn node_image() -> String {
+    format!("argus/argus-ray-node:{}", e2e_version())
+}
 const SERVICES: [&str; 3] = ["head", "worker-1", "worker-2"];
 
 fn workspace_root() -> PathBuf {
@@ -137,7 +145,7 @@ fn build_images(engines: bool) {
         log("building the node image");
         run(Command::new(root.join("scripts/build-images.sh"))
             .current_dir(&root)
-            .env("ARGUS_VERSION", "e2e")
+            .env("ARGUS_VERSION", e2e_version())
             .args(["node", "--prebuilt", "--local-base"])
             .args(["--agent-binary", "target/e2e/argus-agent"]));
         built.0 = true;
@@ -199,7 +207,7 @@ impl Cluster {
             .map(|m| std::os::unix::fs::MetadataExt::gid(&m).to_string())
             .unwrap_or_else(|_| "0".into());
         let mut env: Vec<(String, String)> = [
-            ("ARGUS_NODE_IMAGE", NODE_IMAGE.to_string()),
+            ("ARGUS_NODE_IMAGE", node_image()),
             ("ARGUS_MODEL_CACHE", model_cache.display().to_string()),
             ("ARGUS_DOCKER_GID", docker_gid),
             ("ARGUS_DASHBOARD_HOST_PORT", free_port().to_string()),
