@@ -10,4 +10,5 @@ pub mod node;
 pub mod preflight;
 pub mod shim;
 pub mod status;
+pub mod storage;
 pub mod supervise;
