@@ -220,218 +220,39 @@ use DefaultValue::{Computed, Required, Unset, Value};
 use Group::{Discovery as D, Hook as H, Logging as L, Node as N, Preflight as P, Shim as S};
 
 /// Every variable the agent reads (README "Configuration").
+#[rustfmt::skip]
 pub const VARIABLES: &[Var] = &[
-    var(
-        "ARGUS_ROLE",
-        N,
-        Kind::Choice(&["head", "worker"]),
-        Required,
-        "which node this is",
-    ),
-    var(
-        "ARGUS_SHARED_ROOT",
-        D,
-        Kind::Path,
-        Value("/private"),
-        "shared storage root",
-    ),
-    var(
-        "ARGUS_CLUSTER_NAME",
-        D,
-        Kind::Name,
-        Value("argus-ray"),
-        "cluster name; several clusters may share one root",
-    ),
-    var(
-        "ARGUS_HEAD_IP_FILE",
-        D,
-        Kind::Path,
-        Computed("${ARGUS_SHARED_ROOT}/ray/discovery/${ARGUS_CLUSTER_NAME}/head.json"),
-        "the discovery record",
-    ),
+    var("ARGUS_ROLE", N, Kind::Choice(&["head", "worker"]), Required, "which node this is"),
+    var("ARGUS_SHARED_ROOT", D, Kind::Path, Value("/private"), "shared storage root"),
+    var("ARGUS_CLUSTER_NAME", D, Kind::Name, Value("argus-ray"), "cluster name; several clusters may share one root"),
+    var("ARGUS_HEAD_IP_FILE", D, Kind::Path, Computed("${ARGUS_SHARED_ROOT}/ray/discovery/${ARGUS_CLUSTER_NAME}/head.json"), "the discovery record"),
     var("ARGUS_RAY_PORT", N, Kind::Port, Value("6379"), "GCS port"),
-    var(
-        "ARGUS_DASHBOARD_PORT",
-        N,
-        Kind::Port,
-        Value("8265"),
-        "dashboard / job server port",
-    ),
-    var(
-        "ARGUS_TTL_S",
-        D,
-        Kind::Seconds { min: 1.0 },
-        Value("60"),
-        "head record lifetime",
-    ),
-    var(
-        "ARGUS_REFRESH_S",
-        D,
-        Kind::Seconds { min: MIN_PERIOD_S },
-        Value("10"),
-        "head refresh period, less than the TTL",
-    ),
-    var(
-        "ARGUS_POLL_S",
-        D,
-        Kind::Seconds { min: MIN_PERIOD_S },
-        Value("5"),
-        "worker poll period, less than the TTL",
-    ),
-    var(
-        "ARGUS_NODE_IP",
-        N,
-        Kind::Ip,
-        Value("auto"),
-        "override node IP detection",
-    ),
-    var(
-        "ARGUS_WORKER_RESOURCES_KV",
-        N,
-        Kind::Resources,
-        Value("worker_node=100"),
-        "a worker's `ray start --resources`",
-    ),
-    var(
-        "ARGUS_RAY_EXTRA_ARGS",
-        N,
-        Kind::Words,
-        Value(""),
-        "extra `ray start` arguments (not the agent's own)",
-    ),
-    var(
-        "ARGUS_LOG_DIR",
-        L,
-        Kind::Path,
-        Computed("${ARGUS_SHARED_ROOT}/common/logs"),
-        "folder of the agent log file",
-    ),
-    var(
-        "ARGUS_LOG_FORMAT",
-        L,
-        Kind::Choice(&["text", "json"]),
-        Value("text"),
-        "log line format",
-    ),
-    var(
-        "ARGUS_LOG_LEVEL",
-        L,
-        Kind::Choice(&["error", "warn", "info", "debug", "trace"]),
-        Value("info"),
-        "log level (`preflight` alone: warn)",
-    ),
-    var(
-        "ARGUS_PREFLIGHT",
-        P,
-        Kind::Choice(&["auto", "require", "skip"]),
-        Value("auto"),
-        "GPU checks: when GPUs are expected, always, or never",
-    ),
-    var(
-        "ARGUS_PREFLIGHT_DEV_ROOT",
-        P,
-        Kind::Path,
-        Value("/"),
-        "test-only: root under which /dev/nvidia* are looked up",
-    ),
-    var(
-        "ARGUS_PREFLIGHT_TIMEOUT_S",
-        P,
-        Kind::Seconds { min: 0.1 },
-        Value("10"),
-        "bound of each preflight command",
-    ),
-    var(
-        "ARGUS_PRESTART_HOOK",
-        H,
-        Kind::Path,
-        Value("/opt/argus/ray-prestart"),
-        "run once before Ray first starts, if present",
-    ),
-    var(
-        "ARGUS_PRESTART_TIMEOUT_S",
-        H,
-        Kind::Seconds { min: 0.1 },
-        Value("300"),
-        "hook timeout",
-    ),
-    var(
-        "ARGUS_DISABLE_PRESTART",
-        H,
-        Kind::Bool,
-        Value("no"),
-        "skip the hook",
-    ),
-    var(
-        "ARGUS_STOP_GRACE_S",
-        N,
-        Kind::Seconds { min: 0.1 },
-        Value("8"),
-        "SIGTERM-to-SIGKILL grace for Ray on stop",
-    ),
-    var(
-        "ARGUS_RAY_BIN",
-        N,
-        Kind::Program,
-        Value("ray"),
-        "the Ray CLI",
-    ),
-    var(
-        "ARGUS_STATE_DIR",
-        N,
-        Kind::Path,
-        Value("/run/argus"),
-        "where status.json lives (local, not shared)",
-    ),
-    var(
-        "ARGUS_RESTART_BACKOFF_MIN_S",
-        N,
-        Kind::Seconds { min: 0.1 },
-        Value("1"),
-        "first restart delay",
-    ),
-    var(
-        "ARGUS_RESTART_BACKOFF_MAX_S",
-        N,
-        Kind::Seconds { min: 0.1 },
-        Value("60"),
-        "restart delay cap",
-    ),
-    var(
-        "ARGUS_STABLE_RUN_S",
-        N,
-        Kind::Seconds { min: 0.1 },
-        Value("60"),
-        "a run this long resets the backoff",
-    ),
-    var(
-        "ARGUS_FILE_EVENTS",
-        D,
-        Kind::Bool,
-        Value("on"),
-        "use inotify besides polling",
-    ),
-    var(
-        "ARGUS_SHIM_POLICY",
-        S,
-        Kind::Text,
-        Unset("(strict)"),
-        "`relaxed` allows privileged engine containers",
-    ),
-    var(
-        "ARGUS_SHIM_ALLOWED_IMAGES",
-        S,
-        Kind::Text,
-        Unset("(any)"),
-        "comma-separated image patterns the shim may run",
-    ),
-    var(
-        "ARGUS_SHIM_LOG",
-        S,
-        Kind::Text,
-        Unset("warn"),
-        "the shim's log filter",
-    ),
+    var("ARGUS_DASHBOARD_PORT", N, Kind::Port, Value("8265"), "dashboard / job server port"),
+    var("ARGUS_TTL_S", D, Kind::Seconds { min: 1.0 }, Value("60"), "head record lifetime"),
+    var("ARGUS_REFRESH_S", D, Kind::Seconds { min: MIN_PERIOD_S }, Value("10"), "head refresh period, less than the TTL"),
+    var("ARGUS_POLL_S", D, Kind::Seconds { min: MIN_PERIOD_S }, Value("5"), "worker poll period, less than the TTL"),
+    var("ARGUS_NODE_IP", N, Kind::Ip, Value("auto"), "override node IP detection"),
+    var("ARGUS_WORKER_RESOURCES_KV", N, Kind::Resources, Value("worker_node=100"), "a worker's `ray start --resources`"),
+    var("ARGUS_RAY_EXTRA_ARGS", N, Kind::Words, Value(""), "extra `ray start` arguments (not the agent's own)"),
+    var("ARGUS_LOG_DIR", L, Kind::Path, Computed("${ARGUS_SHARED_ROOT}/common/logs"), "folder of the agent log file"),
+    var("ARGUS_LOG_FORMAT", L, Kind::Choice(&["text", "json"]), Value("text"), "log line format"),
+    var("ARGUS_LOG_LEVEL", L, Kind::Choice(&["error", "warn", "info", "debug", "trace"]), Value("info"), "log level (`preflight` alone: warn)"),
+    var("ARGUS_PREFLIGHT", P, Kind::Choice(&["auto", "require", "skip"]), Value("auto"), "GPU checks: when GPUs are expected, always, or never"),
+    var("ARGUS_PREFLIGHT_DEV_ROOT", P, Kind::Path, Value("/"), "test-only: root under which /dev/nvidia* are looked up"),
+    var("ARGUS_PREFLIGHT_TIMEOUT_S", P, Kind::Seconds { min: 0.1 }, Value("10"), "bound of each preflight command"),
+    var("ARGUS_PRESTART_HOOK", H, Kind::Path, Value("/opt/argus/ray-prestart"), "run once before Ray first starts, if present"),
+    var("ARGUS_PRESTART_TIMEOUT_S", H, Kind::Seconds { min: 0.1 }, Value("300"), "hook timeout"),
+    var("ARGUS_DISABLE_PRESTART", H, Kind::Bool, Value("no"), "skip the hook"),
+    var("ARGUS_STOP_GRACE_S", N, Kind::Seconds { min: 0.1 }, Value("8"), "SIGTERM-to-SIGKILL grace for Ray on stop"),
+    var("ARGUS_RAY_BIN", N, Kind::Program, Value("ray"), "the Ray CLI"),
+    var("ARGUS_STATE_DIR", N, Kind::Path, Value("/run/argus"), "where status.json lives (local, not shared)"),
+    var("ARGUS_RESTART_BACKOFF_MIN_S", N, Kind::Seconds { min: 0.1 }, Value("1"), "first restart delay"),
+    var("ARGUS_RESTART_BACKOFF_MAX_S", N, Kind::Seconds { min: 0.1 }, Value("60"), "restart delay cap"),
+    var("ARGUS_STABLE_RUN_S", N, Kind::Seconds { min: 0.1 }, Value("60"), "a run this long resets the backoff"),
+    var("ARGUS_FILE_EVENTS", D, Kind::Bool, Value("on"), "use inotify besides polling"),
+    var("ARGUS_SHIM_POLICY", S, Kind::Text, Unset("(strict)"), "`relaxed` allows privileged engine containers"),
+    var("ARGUS_SHIM_ALLOWED_IMAGES", S, Kind::Text, Unset("(any)"), "comma-separated image patterns the shim may run"),
+    var("ARGUS_SHIM_LOG", S, Kind::Text, Unset("warn"), "the shim's log filter"),
 ];
 
 /// Returns the table row of `name`.
@@ -1383,5 +1204,173 @@ mod tests {
             let line = e.to_string();
             assert!(line.starts_with(var) && !line.contains('\n'), "{line}");
         }
+    }
+
+    #[test]
+    fn durations_below_their_floor_are_refused() {
+        let w = ("ARGUS_ROLE", "worker");
+        for (var, value) in [
+            ("ARGUS_REFRESH_S", "1e-9"),
+            ("ARGUS_POLL_S", "0.05"),
+            ("ARGUS_TTL_S", "0.9"),
+            ("ARGUS_STOP_GRACE_S", "0.01"),
+            ("ARGUS_RESTART_BACKOFF_MIN_S", "0.001"),
+        ] {
+            let e = err(&[w, (var, value)]);
+            assert_eq!(e.var, var, "{e}");
+            assert!(e.reason.contains("at least"), "{e}");
+        }
+        let c = cfg(&[
+            w,
+            ("ARGUS_REFRESH_S", "0.1"),
+            ("ARGUS_POLL_S", "0.1"),
+            ("ARGUS_TTL_S", "1"),
+        ]);
+        assert!(c.is_ok(), "{c:?}");
+    }
+
+    #[test]
+    fn extra_args_may_not_carry_the_agents_own_flags() {
+        let w = ("ARGUS_ROLE", "worker");
+        for flag in AGENT_RAY_FLAGS {
+            for arg in [flag.to_string(), format!("{flag}=1")] {
+                let e = err(&[w, ("ARGUS_RAY_EXTRA_ARGS", &format!("--num-cpus=2 {arg}"))]);
+                assert_eq!(
+                    (e.var, e.value.as_str()),
+                    ("ARGUS_RAY_EXTRA_ARGS", arg.as_str())
+                );
+            }
+        }
+        // Flags that only start like the agent's are the user's.
+        let c = cfg(&[
+            w,
+            (
+                "ARGUS_RAY_EXTRA_ARGS",
+                "--port-retries=3 --dashboard-host=0.0.0.0",
+            ),
+        ]);
+        assert!(c.is_ok(), "{c:?}");
+    }
+
+    #[test]
+    fn paths_with_parent_components_are_refused() {
+        let w = ("ARGUS_ROLE", "worker");
+        for var in [
+            "ARGUS_STATE_DIR",
+            "ARGUS_SHARED_ROOT",
+            "ARGUS_LOG_DIR",
+            "ARGUS_HEAD_IP_FILE",
+        ] {
+            let e = err(&[w, (var, "/a/../b")]);
+            assert_eq!(e.var, var, "{e}");
+        }
+    }
+
+    #[test]
+    fn one_yes_no_vocabulary_for_every_switch() {
+        for (v, want) in [
+            ("1", true),
+            ("true", true),
+            ("yes", true),
+            ("on", true),
+            ("ON", true),
+            ("0", false),
+            ("false", false),
+            ("no", false),
+            ("off", false),
+            ("No", false),
+        ] {
+            for var in ["ARGUS_DISABLE_PRESTART", "ARGUS_FILE_EVENTS"] {
+                let c = cfg(&[("ARGUS_ROLE", "worker"), (var, v)]).unwrap();
+                let got = if var == "ARGUS_FILE_EVENTS" {
+                    c.file_events
+                } else {
+                    c.hook.disabled
+                };
+                assert_eq!(got, want, "{var}={v}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_value_that_is_not_utf8_is_an_error_not_unset() {
+        use std::os::unix::ffi::OsStringExt;
+        let r = Reader::with(|k| match k {
+            "ARGUS_ROLE" => Some(("worker".into(), Source::Environment)),
+            "ARGUS_CLUSTER_NAME" => {
+                Some((OsString::from_vec(b"c\xff".to_vec()), Source::Environment))
+            }
+            _ => None,
+        });
+        let e = Config::read(r).unwrap_err();
+        assert_eq!(e.var, "ARGUS_CLUSTER_NAME");
+        assert!(e.reason.contains("UTF-8"), "{e}");
+    }
+
+    #[test]
+    fn settings_say_where_each_value_came_from() {
+        let flags = BTreeMap::from([("ARGUS_TTL_S", OsString::from("20"))]);
+        let r = Reader::with(|k| match flags.get(k) {
+            Some(v) => Some((v.clone(), Source::Flag)),
+            None => match k {
+                "ARGUS_ROLE" => Some(("worker".into(), Source::Environment)),
+                "ARGUS_TTL_S" => Some(("30".into(), Source::Environment)),
+                _ => None,
+            },
+        });
+        let c = Config::read(r).unwrap();
+        assert_eq!(c.ttl, Duration::from_secs(20));
+        let find = |n: &str| c.settings.iter().find(|s| s.name == n).unwrap().clone();
+        assert_eq!(find("ARGUS_TTL_S").source, Source::Flag);
+        assert_eq!(find("ARGUS_ROLE").source, Source::Environment);
+        assert_eq!(find("ARGUS_RAY_PORT").value.as_deref(), Some("6379"));
+        assert_eq!(find("ARGUS_RAY_PORT").source, Source::Default);
+        assert_eq!(
+            find("ARGUS_LOG_DIR").value.as_deref(),
+            Some("/private/common/logs")
+        );
+        // Every variable of the table is read (and so shown) by `run`.
+        let names: Vec<&str> = c.settings.iter().map(|s| s.name).collect();
+        let table: Vec<&str> = VARIABLES.iter().map(|v| v.name).collect();
+        assert_eq!(names, table);
+    }
+
+    #[test]
+    fn every_default_of_the_table_is_valid() {
+        let c = cfg(&[("ARGUS_ROLE", "head")]).unwrap();
+        assert_eq!(c.settings.len(), VARIABLES.len());
+        for v in VARIABLES {
+            assert!(v.name.starts_with("ARGUS_"), "{}", v.name);
+            assert!(!v.help.is_empty() && !v.help.contains('\n'), "{}", v.name);
+        }
+    }
+
+    #[test]
+    fn host_checks_find_the_ray_cli_and_a_heads_own_address() {
+        let ok = |k: &str, extra: &[(&str, &str)]| {
+            let mut pairs = vec![("ARGUS_ROLE", k), ("ARGUS_RAY_BIN", "/bin/sh")];
+            pairs.extend_from_slice(extra);
+            cfg(&pairs).unwrap().check_host()
+        };
+        assert_eq!(ok("head", &[("ARGUS_NODE_IP", "127.0.3.4")]), Ok(vec![]));
+        let e = ok("head", &[("ARGUS_NODE_IP", "203.0.113.77")]).unwrap_err();
+        assert_eq!(e.var, "ARGUS_NODE_IP");
+        // A worker's address is not checked here.
+        assert!(ok("worker", &[("ARGUS_NODE_IP", "203.0.113.77")]).is_ok());
+        let e = ok("worker", &[("ARGUS_RAY_BIN", "/nonexistent/ray")]).unwrap_err();
+        assert_eq!(e.var, "ARGUS_RAY_BIN");
+        let e = ok("worker", &[("ARGUS_RAY_BIN", "/etc/passwd")]).unwrap_err();
+        assert!(e.reason.contains("not executable"), "{e}");
+        let e = ok("worker", &[("ARGUS_RAY_BIN", "/")]).unwrap_err();
+        assert!(e.reason.contains("folder"), "{e}");
+        let e = ok("worker", &[("ARGUS_RAY_BIN", "no-such-program-anywhere")]).unwrap_err();
+        assert!(e.reason.contains("PATH"), "{e}");
+        assert!(find_program("sh").is_ok_and(|p| p.is_absolute()));
+        let w = ok("worker", &[("ARGUS_STOP_GRACE_S", "8.5")]).unwrap();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("stop_grace_period") && w[0].contains("docker stop -t"),
+            "{w:?}"
+        );
     }
 }

@@ -396,3 +396,29 @@ pub fn spawn_captured(cmd: &mut Command, timeout: Duration, stop: &Stop) -> io::
         elapsed: started.elapsed(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reaper_survives_a_panicking_exit_callback_and_a_poisoned_lock() {
+        init().unwrap();
+        // A callback that panics runs on the reaper thread, under the lock.
+        let panicked = spawn_with(&mut Command::new("true"), |_| panic!("callback panics"))
+            .expect("spawn true");
+        // And a thread that dies holding the lock poisons it.
+        let _ = std::thread::spawn(|| {
+            let _held = reaper().children.lock();
+            panic!("poisons the children lock");
+        })
+        .join();
+        assert!(reaper().children.is_poisoned());
+        // The reaper still reaps and delivers exits.
+        let c = spawn(&mut Command::new("true")).unwrap();
+        assert_eq!(c.wait_timeout(Duration::from_secs(10)), Some(Exit::Code(0)));
+        let c = spawn(Command::new("sh").args(["-c", "exit 3"])).unwrap();
+        assert_eq!(c.wait_timeout(Duration::from_secs(10)), Some(Exit::Code(3)));
+        assert!(!lock(&reaper().children).contains_key(&(panicked as i32)));
+    }
+}
