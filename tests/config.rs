@@ -247,8 +247,13 @@ fn a_stop_grace_that_cannot_fit_in_dockers_10s_is_a_warning_naming_the_setting()
 
 /// Starts `argus-agent run`, with stderr in `stderr.log`.
 fn start(n: &FakeNode) -> Child {
+    start_cmd(n, "run")
+}
+
+/// Starts `argus-agent CMD`, with stderr in `stderr.log`.
+fn start_cmd(n: &FakeNode, cmd: &str) -> Child {
     let log = std::fs::File::create(n.path("stderr.log")).unwrap();
-    n.command(&["run"])
+    n.command(&[cmd])
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -286,7 +291,17 @@ fn alive(pid: i32) -> bool {
 
 /// Sends SIGTERM to `agent`; asserts exit 0 within `within`, that `pids`
 /// are gone and that Ray never started. Returns how long the exit took.
-fn terminate(n: &FakeNode, mut agent: Child, pids: &[i32], within: Duration) -> Duration {
+fn terminate(n: &FakeNode, agent: Child, pids: &[i32], within: Duration) -> Duration {
+    terminate_expecting(n, agent, pids, within, 0)
+}
+
+fn terminate_expecting(
+    n: &FakeNode,
+    mut agent: Child,
+    pids: &[i32],
+    within: Duration,
+    code: i32,
+) -> Duration {
     for p in pids {
         assert!(alive(*p), "{p} not running before SIGTERM");
     }
@@ -304,7 +319,7 @@ fn terminate(n: &FakeNode, mut agent: Child, pids: &[i32], within: Duration) -> 
     };
     let took = t.elapsed();
     let err = std::fs::read_to_string(n.path("stderr.log")).unwrap_or_default();
-    assert_eq!(status.code(), Some(0), "{err}");
+    assert_eq!(status.code(), Some(code), "{err}");
     assert!(took < within, "exit took {took:?}\n{err}");
     for p in pids {
         assert!(!alive(*p), "process {p} outlived the agent\n{err}");
@@ -333,6 +348,21 @@ fn sigterm_during_a_hanging_nvidia_smi_exits_0_at_once_and_kills_it() {
     });
     let took = terminate(&n, agent, &smi, PROMPT);
     eprintln!("sigterm during nvidia-smi: exit after {took:?}");
+}
+
+#[test]
+fn sigterm_during_the_preflight_subcommand_kills_nvidia_smi_and_exits_143() {
+    let mut n = FakeNode::healthy(1);
+    n.set("FAKE_SMI", "hang")
+        .set("ARGUS_PREFLIGHT_TIMEOUT_S", "60");
+    let agent = start_cmd(&n, "preflight");
+    let pid = agent.id() as i32;
+    let mut smi = Vec::new();
+    wait_until("nvidia-smi to hang", &n, Duration::from_secs(20), || {
+        smi = support_children(pid, "sleep");
+        !smi.is_empty()
+    });
+    terminate_expecting(&n, agent, &smi, PROMPT, 128 + libc::SIGTERM);
 }
 
 #[test]

@@ -880,15 +880,6 @@ impl Config {
         })
     }
 
-    /// Returns the discovery sub-config.
-    pub fn discovery(&self) -> Discovery {
-        Discovery {
-            shared_root: self.shared_root.clone(),
-            cluster_name: self.cluster_name.clone(),
-            head_file: self.head_file.clone(),
-        }
-    }
-
     /// Returns the `--resources` JSON for `ray start`, if any.
     pub fn worker_resources_json(&self) -> Option<String> {
         if self.worker_resources.is_empty() {
