@@ -31,12 +31,29 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(var: &'static str, value: &str, reason: impl Into<String>) -> Self {
+    /// Returns the error; a password in a URL value is masked.
+    pub fn new(var: &'static str, value: &str, reason: impl Into<String>) -> Self {
         Self {
             var,
-            value: value.to_string(),
+            value: redact(value),
             reason: reason.into(),
         }
+    }
+}
+
+/// Returns `value` with the password of a URL (`scheme://user:password@…`)
+/// replaced by `***`, so that `config` output and errors do not show it.
+pub fn redact(value: &str) -> String {
+    let Some((scheme, rest)) = value.split_once("://") else {
+        return value.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return value.to_string();
+    };
+    match rest[..at].split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+        None => value.to_string(),
     }
 }
 
@@ -334,7 +351,7 @@ impl<'a> Reader<'a> {
         self.settings.push(Setting {
             name: var.name,
             group: var.group,
-            value,
+            value: value.as_deref().map(redact),
             source,
         });
     }
@@ -1363,5 +1380,19 @@ mod tests {
             w[0].contains("stop_grace_period") && w[0].contains("docker stop -t"),
             "{w:?}"
         );
+    }
+
+    #[test]
+    fn url_passwords_are_masked_in_settings_and_errors() {
+        assert_eq!(
+            redact("redis://:s3cret@10.0.0.5:6379"),
+            "redis://:***@10.0.0.5:6379"
+        );
+        assert_eq!(redact("redis://u:p@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact("10.0.0.5:6379"), "10.0.0.5:6379");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(redact("http://h/a:b@c"), "http://h/a:b@c");
+        let e = ConfigError::new("ARGUS_X", "redis://:pw@h:1", "bad");
+        assert!(!e.to_string().contains("pw"), "{e}");
     }
 }
