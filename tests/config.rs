@@ -245,6 +245,29 @@ fn a_stop_grace_that_cannot_fit_in_dockers_10s_is_a_warning_naming_the_setting()
     );
 }
 
+#[test]
+fn flags_of_run_win_over_the_environment_and_shim_flags_reach_ray() {
+    let mut n = node("worker");
+    n.set("ARGUS_SHIM_POLICY", "strict");
+    // A ray that also records the shim policy it was given.
+    let ray = n.path("bin/ray");
+    let script = std::fs::read_to_string(&ray)
+        .unwrap()
+        .replace("args=$*", "policy=${ARGUS_SHIM_POLICY:-} args=$*");
+    std::fs::write(&ray, script).unwrap();
+    let agent = start_args(&n, &["run", "--role", "head", "--shim-policy=relaxed"]);
+    wait_until("ray to start", &n, Duration::from_secs(20), || {
+        n.ray_marker().is_some()
+    });
+    let marker = n.ray_marker().unwrap();
+    assert!(
+        marker.contains(" --head"),
+        "the flag's role is not used: {marker}"
+    );
+    assert!(marker.contains("policy=relaxed "), "{marker}");
+    terminate_expecting(&n, agent, &[], Duration::from_secs(20), 0, true);
+}
+
 /// Starts `argus-agent run`, with stderr in `stderr.log`.
 fn start(n: &FakeNode) -> Child {
     start_cmd(n, "run")
@@ -252,8 +275,13 @@ fn start(n: &FakeNode) -> Child {
 
 /// Starts `argus-agent CMD`, with stderr in `stderr.log`.
 fn start_cmd(n: &FakeNode, cmd: &str) -> Child {
+    start_args(n, &[cmd])
+}
+
+/// Starts `argus-agent ARGS`, with stderr in `stderr.log`.
+fn start_args(n: &FakeNode, args: &[&str]) -> Child {
     let log = std::fs::File::create(n.path("stderr.log")).unwrap();
-    n.command(&[cmd])
+    n.command(args)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -292,7 +320,7 @@ fn alive(pid: i32) -> bool {
 /// Sends SIGTERM to `agent`; asserts exit 0 within `within`, that `pids`
 /// are gone and that Ray never started. Returns how long the exit took.
 fn terminate(n: &FakeNode, agent: Child, pids: &[i32], within: Duration) -> Duration {
-    terminate_expecting(n, agent, pids, within, 0)
+    terminate_expecting(n, agent, pids, within, 0, false)
 }
 
 fn terminate_expecting(
@@ -301,6 +329,7 @@ fn terminate_expecting(
     pids: &[i32],
     within: Duration,
     code: i32,
+    ray_started: bool,
 ) -> Duration {
     for p in pids {
         assert!(alive(*p), "{p} not running before SIGTERM");
@@ -324,7 +353,7 @@ fn terminate_expecting(
     for p in pids {
         assert!(!alive(*p), "process {p} outlived the agent\n{err}");
     }
-    assert_eq!(n.ray_marker(), None, "ray started");
+    assert_eq!(n.ray_marker().is_some(), ray_started, "ray started or not");
     took
 }
 
@@ -362,7 +391,7 @@ fn sigterm_during_the_preflight_subcommand_kills_nvidia_smi_and_exits_143() {
         smi = support_children(pid, "sleep");
         !smi.is_empty()
     });
-    terminate_expecting(&n, agent, &smi, PROMPT, 128 + libc::SIGTERM);
+    terminate_expecting(&n, agent, &smi, PROMPT, 128 + libc::SIGTERM, false);
 }
 
 #[test]
