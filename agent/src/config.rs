@@ -267,9 +267,10 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_RESTART_BACKOFF_MAX_S", N, Kind::Seconds { min: 0.1 }, Value("60"), "restart delay cap"),
     var("ARGUS_STABLE_RUN_S", N, Kind::Seconds { min: 0.1 }, Value("60"), "a run this long resets the backoff"),
     var("ARGUS_FILE_EVENTS", D, Kind::Bool, Value("on"), "use inotify besides polling"),
-    var("ARGUS_SHIM_POLICY", S, Kind::Text, Unset("(strict)"), "`relaxed` allows privileged engine containers"),
+    var("ARGUS_SHIM_POLICY", S, Kind::Text, Unset("(strict)"), "`relaxed` lifts every shim rule but the image allow-list"),
     var("ARGUS_SHIM_ALLOWED_IMAGES", S, Kind::Text, Unset("(any)"), "comma-separated image patterns the shim may run"),
     var("ARGUS_SHIM_LOG", S, Kind::Text, Unset("warn"), "the shim's log filter"),
+    var("ARGUS_SHIM_SELF_ID", S, Kind::Text, Unset("(found)"), "id of the Ray container when the shim cannot find it"),
 ];
 
 /// Returns the table row of `name`.
@@ -784,11 +785,6 @@ const AGENT_RAY_FLAGS: &[&str] = &[
 ];
 
 impl Config {
-    /// Reads and validates the process environment.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::read(Reader::new(&BTreeMap::new()))
-    }
-
     /// Reads and validates configuration from `get` (variable -> value).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         Self::read(Reader::with(|k| {
