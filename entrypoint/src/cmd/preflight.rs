@@ -1,8 +1,8 @@
 //! `argus-agent preflight [--json]`: the GPU preflight alone. Prints the
 //! verdict (JSON with `--json`, else text), writes it to
 //! `ARGUS_LOG_DIR/preflight/<node>.json`, and exits 0, 69, 75 or 78 by its
-//! class (SPEC §11); SIGTERM/SIGINT kill the running check and exit
-//! 128+signal. Works without ARGUS_ROLE: only the variables the preflight
+//! class (SPEC §11); a signal (SIGTERM, SIGINT, SIGHUP…) kills the running
+//! check and exits 128+signal. Works without ARGUS_ROLE: only the variables the preflight
 //! uses are read, so a bad value of an unrelated one does not stop it.
 //!
 //! With `ARGUS_PREFLIGHT_PROBE=libraries` it is instead the library probe
@@ -36,10 +36,12 @@ pub fn run(json: bool) -> Outcome {
     let stop = Stop::new();
     let signal = Arc::new(AtomicI32::new(0));
     let (on_signal, seen) = (stop.clone(), signal.clone());
+    // Any handled signal ends the preflight: the running check's group is
+    // killed before the process exits 128+signal.
     reaper::route_signals(move |sig| {
-        seen.store(sig as i32, Ordering::SeqCst);
+        let _ = seen.compare_exchange(0, sig as i32, Ordering::SeqCst, Ordering::SeqCst);
         on_signal.request();
-        reaper::is_stop(sig)
+        true
     });
     let Ok(verdict) = preflight::evaluate(&opts, &stop) else {
         return Ok(128 + signal.load(Ordering::SeqCst) as u8);
