@@ -1,10 +1,24 @@
-//! Configuration from the environment (SPEC §2), validated in full before
-//! anything starts (R-CFG-1): a bad value is one [`ConfigError`] naming the
-//! variable, and the caller exits 78 without writing or starting anything.
+//! Configuration (SPEC §2), validated in full before anything starts
+//! (R-CFG-1): a bad value is one [`ConfigError`] naming the variable, and the
+//! caller exits 78 without writing or starting anything.
+//!
+//! Why one table: [`VARIABLES`] is the only list of names, defaults, help
+//! lines and value kinds. The command line (`argus-agent run --help`, one
+//! flag per variable), `argus-agent config` and the validation all come from
+//! it, so a variable cannot be documented one way and parsed another.
+//! Adding a variable is one row here plus the line that reads it into the
+//! sub-config that uses it.
+//!
+//! Every subcommand reads through one [`Reader`] (flag, then environment,
+//! then the table's default) into the sub-configs it needs: [`Discovery`]
+//! (`head`), [`Logging`], [`PreflightConfig`] (`preflight`), [`HookConfig`],
+//! the state folder (`status`), or all of them as [`Config`] (`run`,
+//! `config`).
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 /// A bad configuration value: which variable, what it held, what is wrong.
@@ -17,13 +31,543 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(var: &'static str, value: &str, reason: impl Into<String>) -> Self {
+    /// Returns the error; a password in a URL value is masked.
+    pub fn new(var: &'static str, value: &str, reason: impl Into<String>) -> Self {
         Self {
             var,
-            value: value.to_string(),
+            value: redact(value),
             reason: reason.into(),
         }
     }
+}
+
+/// Returns `value` with the password of a URL (`scheme://user:password@…`)
+/// replaced by `***`, so that `config` output and errors do not show it.
+pub fn redact(value: &str) -> String {
+    let Some((scheme, rest)) = value.split_once("://") else {
+        return value.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return value.to_string();
+    };
+    match rest[..at].split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+        None => value.to_string(),
+    }
+}
+
+/// Which part of the agent a variable configures (the help's headings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Group {
+    Node,
+    Discovery,
+    Logging,
+    Preflight,
+    Hook,
+    /// Read by the podman shim (passed to it through Ray's environment).
+    Shim,
+}
+
+impl Group {
+    /// Returns the heading of this group in `run --help`.
+    pub fn title(self) -> &'static str {
+        match self {
+            Group::Node => "Node",
+            Group::Discovery => "Discovery",
+            Group::Logging => "Logging",
+            Group::Preflight => "GPU preflight",
+            Group::Hook => "Pre-start hook",
+            Group::Shim => "Podman shim",
+        }
+    }
+}
+
+/// What values a variable takes; validation and help text follow from it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Kind {
+    /// One of these words.
+    Choice(&'static [&'static str]),
+    /// An absolute path without `..` components.
+    Path,
+    /// A folder name: `[A-Za-z0-9._-]{1,63}`, not `.` or `..`.
+    Name,
+    /// A TCP port, 1-65535.
+    Port,
+    /// Seconds (decimals allowed), at least `min`.
+    Seconds { min: f64 },
+    /// An IP address of this node, or `auto`.
+    Ip,
+    /// `name=quantity,...`; empty means none.
+    Resources,
+    /// Shell words.
+    Words,
+    /// Yes or no: `1/true/yes/on` or `0/false/no/off`.
+    Bool,
+    /// A program: a path, or a name looked up on PATH.
+    Program,
+    /// Free text (checked by whoever reads it).
+    Text,
+}
+
+impl Kind {
+    /// Returns the value name shown in `--help`.
+    pub fn value_name(self) -> &'static str {
+        match self {
+            Kind::Choice(_) => "WORD",
+            Kind::Path => "PATH",
+            Kind::Name => "NAME",
+            Kind::Port => "PORT",
+            Kind::Seconds { .. } => "SECONDS",
+            Kind::Ip => "IP",
+            Kind::Resources => "K=V,..",
+            Kind::Words => "ARGS",
+            Kind::Bool => "BOOL",
+            Kind::Program => "PROGRAM",
+            Kind::Text => "TEXT",
+        }
+    }
+
+    /// Returns what values are accepted, for `--help`.
+    pub fn describe(self) -> String {
+        match self {
+            Kind::Choice(words) => format!("one of {}", words.join(", ")),
+            Kind::Path => "absolute path".into(),
+            Kind::Name => "[A-Za-z0-9._-]{1,63}".into(),
+            Kind::Port => "1-65535".into(),
+            Kind::Seconds { min } => format!("seconds, at least {min}"),
+            Kind::Ip => "an address of this node, or auto".into(),
+            Kind::Resources => "k=v,k2=v2; empty for none".into(),
+            Kind::Words => "shell words".into(),
+            Kind::Bool => "1/true/yes/on or 0/false/no/off".into(),
+            Kind::Program => "path, or a name on PATH".into(),
+            Kind::Text => "text".into(),
+        }
+    }
+}
+
+/// A variable's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultValue {
+    /// No default: the variable must be set.
+    Required,
+    /// This value, parsed like a given one.
+    Value(&'static str),
+    /// Computed from other variables, as described.
+    Computed(&'static str),
+    /// Unset: the reader decides (described).
+    Unset(&'static str),
+}
+
+impl std::fmt::Display for DefaultValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DefaultValue::Required => f.write_str("(required)"),
+            DefaultValue::Value("") => f.write_str("(empty)"),
+            DefaultValue::Value(v) | DefaultValue::Computed(v) | DefaultValue::Unset(v) => {
+                f.write_str(v)
+            }
+        }
+    }
+}
+
+/// One configuration variable: the single source of its name, flag,
+/// default, meaning and accepted values.
+#[derive(Debug, Clone, Copy)]
+pub struct Var {
+    pub name: &'static str,
+    pub group: Group,
+    pub kind: Kind,
+    pub default: DefaultValue,
+    /// One line of meaning.
+    pub help: &'static str,
+}
+
+impl Var {
+    /// Returns the long flag of `run` for this variable: `ARGUS_RAY_PORT` ->
+    /// `ray-port`.
+    pub fn flag(&self) -> String {
+        self.name
+            .trim_start_matches("ARGUS_")
+            .to_ascii_lowercase()
+            .replace('_', "-")
+    }
+
+    /// Returns the help line: meaning, accepted values, variable, default.
+    pub fn help_line(&self) -> String {
+        format!(
+            "{} ({}) [env: {}] [default: {}]",
+            self.help,
+            self.kind.describe(),
+            self.name,
+            self.default
+        )
+    }
+}
+
+const fn var(
+    name: &'static str,
+    group: Group,
+    kind: Kind,
+    default: DefaultValue,
+    help: &'static str,
+) -> Var {
+    Var {
+        name,
+        group,
+        kind,
+        default,
+        help,
+    }
+}
+
+/// The smallest period the discovery loop accepts: below it the head would
+/// fsync the shared record (or a worker read it) hundreds of times a second.
+pub const MIN_PERIOD_S: f64 = 0.1;
+
+/// What the stop path needs after the grace (SIGKILL, sweep, engine
+/// containers, the final record write), for the Docker stop budget warning.
+pub const STOP_OVERHEAD: Duration = Duration::from_secs(2);
+
+/// Docker's default `docker stop` timeout.
+pub const DOCKER_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+use DefaultValue::{Computed, Required, Unset, Value};
+use Group::{Discovery as D, Hook as H, Logging as L, Node as N, Preflight as P, Shim as S};
+
+/// Every variable the agent reads (README "Configuration").
+#[rustfmt::skip]
+pub const VARIABLES: &[Var] = &[
+    var("ARGUS_ROLE", N, Kind::Choice(&["head", "worker"]), Required, "which node this is"),
+    var("ARGUS_SHARED_ROOT", D, Kind::Path, Value("/private"), "shared storage root"),
+    var("ARGUS_CLUSTER_NAME", D, Kind::Name, Value("argus-ray"), "cluster name; several clusters may share one root"),
+    var("ARGUS_HEAD_IP_FILE", D, Kind::Path, Computed("${ARGUS_SHARED_ROOT}/ray/discovery/${ARGUS_CLUSTER_NAME}/head.json"), "the discovery record"),
+    var("ARGUS_RAY_PORT", N, Kind::Port, Value("6379"), "GCS port"),
+    var("ARGUS_DASHBOARD_PORT", N, Kind::Port, Value("8265"), "dashboard / job server port"),
+    var("ARGUS_TTL_S", D, Kind::Seconds { min: 1.0 }, Value("60"), "head record lifetime"),
+    var("ARGUS_REFRESH_S", D, Kind::Seconds { min: MIN_PERIOD_S }, Value("10"), "head refresh period, less than the TTL"),
+    var("ARGUS_POLL_S", D, Kind::Seconds { min: MIN_PERIOD_S }, Value("5"), "worker poll period, less than the TTL"),
+    var("ARGUS_NODE_IP", N, Kind::Ip, Value("auto"), "override node IP detection"),
+    var("ARGUS_WORKER_RESOURCES_KV", N, Kind::Resources, Value("worker_node=100"), "a worker's `ray start --resources`"),
+    var("ARGUS_RAY_EXTRA_ARGS", N, Kind::Words, Value(""), "extra `ray start` arguments (not the agent's own)"),
+    var("ARGUS_LOG_DIR", L, Kind::Path, Computed("${ARGUS_SHARED_ROOT}/common/logs"), "folder of the agent log file"),
+    var("ARGUS_LOG_FORMAT", L, Kind::Choice(&["text", "json"]), Value("text"), "log line format"),
+    var("ARGUS_LOG_LEVEL", L, Kind::Choice(&["error", "warn", "info", "debug", "trace"]), Value("info"), "log level (`preflight` alone: warn)"),
+    var("ARGUS_PREFLIGHT", P, Kind::Choice(&["auto", "require", "skip"]), Value("auto"), "GPU checks: when GPUs are expected, always, or never"),
+    var("ARGUS_PREFLIGHT_DEV_ROOT", P, Kind::Path, Value("/"), "test-only: root under which /dev/nvidia* are looked up"),
+    var("ARGUS_PREFLIGHT_TIMEOUT_S", P, Kind::Seconds { min: 0.1 }, Value("10"), "bound of each preflight command"),
+    var("ARGUS_PRESTART_HOOK", H, Kind::Path, Value("/opt/argus/ray-prestart"), "run once before Ray first starts, if present"),
+    var("ARGUS_PRESTART_TIMEOUT_S", H, Kind::Seconds { min: 0.1 }, Value("300"), "hook timeout"),
+    var("ARGUS_DISABLE_PRESTART", H, Kind::Bool, Value("no"), "skip the hook"),
+    var("ARGUS_STOP_GRACE_S", N, Kind::Seconds { min: 0.1 }, Value("8"), "SIGTERM-to-SIGKILL grace for Ray on stop"),
+    var("ARGUS_RAY_BIN", N, Kind::Program, Value("ray"), "the Ray CLI"),
+    var("ARGUS_STATE_DIR", N, Kind::Path, Value("/run/argus"), "where status.json lives (local, not shared)"),
+    var("ARGUS_RESTART_BACKOFF_MIN_S", N, Kind::Seconds { min: 0.1 }, Value("1"), "first restart delay"),
+    var("ARGUS_RESTART_BACKOFF_MAX_S", N, Kind::Seconds { min: 0.1 }, Value("60"), "restart delay cap"),
+    var("ARGUS_STABLE_RUN_S", N, Kind::Seconds { min: 0.1 }, Value("60"), "a run this long resets the backoff"),
+    var("ARGUS_FILE_EVENTS", D, Kind::Bool, Value("on"), "use inotify besides polling"),
+    var("ARGUS_SHIM_POLICY", S, Kind::Text, Unset("(strict)"), "`relaxed` lifts every shim rule but the image allow-list"),
+    var("ARGUS_SHIM_ALLOWED_IMAGES", S, Kind::Text, Unset("(any)"), "comma-separated image patterns the shim may run"),
+    var("ARGUS_SHIM_LOG", S, Kind::Text, Unset("warn"), "the shim's log filter"),
+    var("ARGUS_SHIM_SELF_ID", S, Kind::Text, Unset("(found)"), "id of the Ray container when the shim cannot find it"),
+];
+
+/// Returns the table row of `name`.
+///
+/// # Panics
+/// If `name` is not in [`VARIABLES`] (a programming error).
+pub fn lookup_var(name: &str) -> &'static Var {
+    VARIABLES
+        .iter()
+        .find(|v| v.name == name)
+        .unwrap_or_else(|| panic!("{name} is not in config::VARIABLES"))
+}
+
+/// Where a value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    Flag,
+    Environment,
+    Default,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Source::Flag => "flag",
+            Source::Environment => "environment",
+            Source::Default => "default",
+        })
+    }
+}
+
+/// One effective value, as `argus-agent config` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Setting {
+    pub name: &'static str,
+    pub group: Group,
+    /// The value in force; `None` when unset and without a default value.
+    pub value: Option<String>,
+    pub source: Source,
+}
+
+type Lookup<'a> = Box<dyn Fn(&str) -> Option<(OsString, Source)> + 'a>;
+
+/// Reads variables (flag, then environment, then default) and records what
+/// it read, for `argus-agent config`.
+pub struct Reader<'a> {
+    lookup: Lookup<'a>,
+    settings: Vec<Setting>,
+}
+
+impl<'a> Reader<'a> {
+    /// Returns a reader over the process environment and `flags` (variable
+    /// name -> value given on the command line; a flag wins).
+    pub fn new(flags: &'a BTreeMap<&'static str, OsString>) -> Self {
+        Self::with(move |k| match flags.get(k) {
+            Some(v) => Some((v.clone(), Source::Flag)),
+            None => std::env::var_os(k).map(|v| (v, Source::Environment)),
+        })
+    }
+
+    /// Returns a reader over `lookup` (tests).
+    pub fn with(lookup: impl Fn(&str) -> Option<(OsString, Source)> + 'a) -> Self {
+        Self {
+            lookup: Box::new(lookup),
+            settings: Vec::new(),
+        }
+    }
+
+    /// Returns the values read so far, in table order.
+    pub fn into_settings(self) -> Vec<Setting> {
+        let mut s = self.settings;
+        s.sort_by_key(|s| VARIABLES.iter().position(|v| v.name == s.name));
+        s
+    }
+
+    fn record(&mut self, var: &'static Var, value: Option<String>, source: Source) {
+        self.settings.retain(|s| s.name != var.name);
+        self.settings.push(Setting {
+            name: var.name,
+            group: var.group,
+            value: value.as_deref().map(redact),
+            source,
+        });
+    }
+
+    /// Returns the given value of `name` (an empty value counts as unset,
+    /// except for resources, where empty means none), or an error when it
+    /// is not UTF-8. Records it.
+    fn given(&mut self, name: &str) -> Result<Option<(String, Source)>, ConfigError> {
+        let var = lookup_var(name);
+        let Some((raw, source)) = (self.lookup)(name) else {
+            return Ok(None);
+        };
+        let value = raw.into_string().map_err(|raw| {
+            ConfigError::new(var.name, &raw.to_string_lossy(), "is not valid UTF-8")
+        })?;
+        if value.is_empty() && var.kind != Kind::Resources {
+            return Ok(None);
+        }
+        self.record(var, Some(value.clone()), source);
+        Ok(Some((value, source)))
+    }
+
+    /// Returns the value of `name`: given, else the table's default value.
+    /// `None` for a `Computed` or `Unset` default; an error for a missing
+    /// required one.
+    fn value(&mut self, name: &str) -> Result<Option<String>, ConfigError> {
+        if let Some((v, _)) = self.given(name)? {
+            return Ok(Some(v));
+        }
+        let var = lookup_var(name);
+        match var.default {
+            DefaultValue::Required => Err(ConfigError::new(
+                var.name,
+                "",
+                format!("required: set it ({})", var.kind.describe()),
+            )),
+            DefaultValue::Value(v) => {
+                self.record(var, Some(v.to_string()), Source::Default);
+                Ok(Some(v.to_string()))
+            }
+            DefaultValue::Computed(_) | DefaultValue::Unset(_) => {
+                self.record(var, None, Source::Default);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Returns the text of `name`, or `None` (shim variables, read here
+    /// only to show them).
+    pub fn text(&mut self, name: &'static str) -> Result<Option<String>, ConfigError> {
+        self.value(name)
+    }
+
+    /// Returns the word of a `Choice` variable.
+    pub fn choice(&mut self, name: &'static str) -> Result<&'static str, ConfigError> {
+        let var = lookup_var(name);
+        let Kind::Choice(words) = var.kind else {
+            panic!("{name} is not a choice");
+        };
+        let v = self.value(name)?.unwrap_or_default();
+        words
+            .iter()
+            .find(|w| **w == v.trim())
+            .copied()
+            .ok_or_else(|| {
+                ConfigError::new(var.name, &v, format!("must be {}", var.kind.describe()))
+            })
+    }
+
+    /// Returns an absolute path without `..`; `computed` gives the default of
+    /// a `Computed` variable (recorded as its value).
+    pub fn path(
+        &mut self,
+        name: &'static str,
+        computed: impl FnOnce() -> PathBuf,
+    ) -> Result<PathBuf, ConfigError> {
+        let var = lookup_var(name);
+        let p = match self.value(name)? {
+            Some(v) => PathBuf::from(v),
+            None => {
+                let p = computed();
+                self.record(var, Some(p.display().to_string()), Source::Default);
+                p
+            }
+        };
+        check_path(var.name, &p)?;
+        Ok(p)
+    }
+
+    /// Returns a folder name (`ARGUS_CLUSTER_NAME`).
+    pub fn name(&mut self, name: &'static str) -> Result<String, ConfigError> {
+        let v = self.value(name)?.unwrap_or_default();
+        let ok = !v.is_empty()
+            && v.len() <= 63
+            && v != "."
+            && v != ".."
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+        if ok {
+            Ok(v)
+        } else {
+            Err(ConfigError::new(
+                lookup_var(name).name,
+                &v,
+                "must be 1-63 characters of letters, digits, `-`, `_` or `.` (it names a folder)",
+            ))
+        }
+    }
+
+    /// Returns a port.
+    pub fn port(&mut self, name: &'static str) -> Result<u16, ConfigError> {
+        let var = lookup_var(name);
+        let v = self.value(name)?.unwrap_or_default();
+        match v.trim().parse::<u32>() {
+            Ok(p) if (1..=65535).contains(&p) => Ok(p as u16),
+            Ok(_) => Err(ConfigError::new(var.name, &v, "port out of range 1-65535")),
+            Err(_) => Err(ConfigError::new(var.name, &v, "not a port number")),
+        }
+    }
+
+    /// Returns a finite number of seconds of at least the table's floor.
+    pub fn seconds(&mut self, name: &'static str) -> Result<Duration, ConfigError> {
+        let var = lookup_var(name);
+        let Kind::Seconds { min } = var.kind else {
+            panic!("{name} is not in seconds");
+        };
+        let v = self.value(name)?.unwrap_or_default();
+        let n: f64 = v
+            .trim()
+            .parse()
+            .map_err(|_| ConfigError::new(var.name, &v, "not a number of seconds"))?;
+        if !n.is_finite() || n <= 0.0 {
+            return Err(ConfigError::new(
+                var.name,
+                &v,
+                "must be a positive number of seconds",
+            ));
+        }
+        if n < min {
+            return Err(ConfigError::new(
+                var.name,
+                &v,
+                format!("must be at least {min} seconds"),
+            ));
+        }
+        if n > 86_400.0 * 365.0 {
+            return Err(ConfigError::new(
+                var.name,
+                &v,
+                "unreasonably large (over a year)",
+            ));
+        }
+        Ok(Duration::from_secs_f64(n))
+    }
+
+    /// Returns a yes/no value.
+    pub fn flag(&mut self, name: &'static str) -> Result<bool, ConfigError> {
+        let v = self.value(name)?.unwrap_or_default();
+        parse_bool(&v).ok_or_else(|| {
+            ConfigError::new(
+                lookup_var(name).name,
+                &v,
+                format!("must be {}", Kind::Bool.describe()),
+            )
+        })
+    }
+
+    /// Returns the node IP override; `None` for `auto`.
+    pub fn ip(&mut self, name: &'static str) -> Result<Option<IpAddr>, ConfigError> {
+        let var = lookup_var(name);
+        let v = self.value(name)?.unwrap_or_default();
+        if v.trim() == "auto" {
+            return Ok(None);
+        }
+        let ip: IpAddr = v
+            .trim()
+            .parse()
+            .map_err(|_| ConfigError::new(var.name, &v, "not an IP address (or `auto`)"))?;
+        if ip.is_unspecified() || ip.is_multicast() {
+            return Err(ConfigError::new(
+                var.name,
+                &v,
+                "must be a unicast address other than 0.0.0.0/::",
+            ));
+        }
+        Ok(Some(ip))
+    }
+}
+
+/// Parses the one yes/no vocabulary: `1/true/yes/on`, `0/false/no/off`
+/// (any case).
+pub fn parse_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+fn check_path(var: &'static str, p: &Path) -> Result<(), ConfigError> {
+    let shown = p.display().to_string();
+    if !p.is_absolute() {
+        return Err(ConfigError::new(var, &shown, "must be an absolute path"));
+    }
+    if shown.contains('\0') {
+        return Err(ConfigError::new(var, &shown, "contains a NUL byte"));
+    }
+    if p.components().any(|c| c == Component::ParentDir) {
+        return Err(ConfigError::new(
+            var,
+            &shown,
+            "must not contain `..` (it would escape its folder)",
+        ));
+    }
+    Ok(())
 }
 
 /// Which node this agent runs.
@@ -60,7 +604,144 @@ pub enum LogFormat {
     Json,
 }
 
-/// Everything the node reads from its environment.
+/// Where the discovery record lives (`argus-agent head`, and the node).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovery {
+    pub shared_root: PathBuf,
+    pub cluster_name: String,
+    pub head_file: PathBuf,
+}
+
+impl Discovery {
+    /// Reads the discovery variables.
+    pub fn read(r: &mut Reader) -> Result<Self, ConfigError> {
+        let shared_root = r.path("ARGUS_SHARED_ROOT", PathBuf::new)?;
+        let cluster_name = r.name("ARGUS_CLUSTER_NAME")?;
+        let head_file = r.path("ARGUS_HEAD_IP_FILE", || {
+            shared_root
+                .join("ray/discovery")
+                .join(&cluster_name)
+                .join("head.json")
+        })?;
+        if head_file.file_name().is_none() {
+            return Err(ConfigError::new(
+                "ARGUS_HEAD_IP_FILE",
+                &head_file.display().to_string(),
+                "must name a file",
+            ));
+        }
+        Ok(Self {
+            shared_root,
+            cluster_name,
+            head_file,
+        })
+    }
+}
+
+/// Where and how the agent logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Logging {
+    pub dir: PathBuf,
+    pub format: LogFormat,
+    pub level: String,
+    /// True if and only if the level was given (not the default).
+    pub level_given: bool,
+}
+
+impl Logging {
+    /// Reads the logging variables; the log folder defaults under
+    /// `shared_root`.
+    pub fn read(r: &mut Reader, shared_root: &Path) -> Result<Self, ConfigError> {
+        let dir = r.path("ARGUS_LOG_DIR", || shared_root.join("common/logs"))?;
+        let format = match r.choice("ARGUS_LOG_FORMAT")? {
+            "json" => LogFormat::Json,
+            _ => LogFormat::Text,
+        };
+        let level = r.choice("ARGUS_LOG_LEVEL")?.to_string();
+        let level_given = r
+            .settings
+            .iter()
+            .any(|s| s.name == "ARGUS_LOG_LEVEL" && s.source != Source::Default);
+        Ok(Self {
+            dir,
+            format,
+            level,
+            level_given,
+        })
+    }
+}
+
+/// The GPU preflight's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreflightConfig {
+    pub mode: PreflightMode,
+    /// Test-only root under which `/dev/nvidia*` are looked up.
+    pub dev_root: PathBuf,
+    pub timeout: Duration,
+}
+
+impl PreflightConfig {
+    /// Reads the preflight variables.
+    pub fn read(r: &mut Reader) -> Result<Self, ConfigError> {
+        Ok(Self {
+            mode: match r.choice("ARGUS_PREFLIGHT")? {
+                "require" => PreflightMode::Require,
+                "skip" => PreflightMode::Skip,
+                _ => PreflightMode::Auto,
+            },
+            dev_root: r.path("ARGUS_PREFLIGHT_DEV_ROOT", PathBuf::new)?,
+            timeout: r.seconds("ARGUS_PREFLIGHT_TIMEOUT_S")?,
+        })
+    }
+}
+
+/// The pre-start hook's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookConfig {
+    pub path: PathBuf,
+    pub disabled: bool,
+    pub timeout: Duration,
+}
+
+impl HookConfig {
+    /// Reads the hook variables.
+    pub fn read(r: &mut Reader) -> Result<Self, ConfigError> {
+        Ok(Self {
+            path: r.path("ARGUS_PRESTART_HOOK", PathBuf::new)?,
+            disabled: r.flag("ARGUS_DISABLE_PRESTART")?,
+            timeout: r.seconds("ARGUS_PRESTART_TIMEOUT_S")?,
+        })
+    }
+}
+
+/// The podman shim's variables, read here to show and to pass on: the shim
+/// itself reads and checks them from its environment.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ShimConfig {
+    /// Variable -> value, for those that are set.
+    pub vars: BTreeMap<&'static str, String>,
+}
+
+impl ShimConfig {
+    /// Reads every shim variable of the table.
+    pub fn read(r: &mut Reader) -> Result<Self, ConfigError> {
+        let mut vars = BTreeMap::new();
+        for v in VARIABLES.iter().filter(|v| v.group == Group::Shim) {
+            if let Some(value) = r.text(v.name)? {
+                vars.insert(v.name, value);
+            }
+        }
+        Ok(Self { vars })
+    }
+}
+
+/// Reads the node's local state folder (`status`, `healthcheck`, `run`).
+pub fn read_state_dir(r: &mut Reader) -> Result<PathBuf, ConfigError> {
+    r.path("ARGUS_STATE_DIR", PathBuf::new)
+}
+
+/// Everything `run` reads: the node's own settings (flat, as the node uses
+/// them) and the sub-configs of the parts it runs.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub role: Role,
@@ -76,16 +757,6 @@ pub struct Config {
     /// `ray start --resources` for workers; empty means no flag.
     pub worker_resources: BTreeMap<String, f64>,
     pub ray_extra_args: Vec<String>,
-    pub log_dir: PathBuf,
-    pub log_format: LogFormat,
-    pub log_level: String,
-    pub preflight: PreflightMode,
-    /// Test-only root under which `/dev/nvidia*` are looked up.
-    pub preflight_dev_root: PathBuf,
-    pub preflight_timeout: Duration,
-    pub prestart_hook: PathBuf,
-    pub disable_prestart: bool,
-    pub prestart_timeout: Duration,
     pub stop_grace: Duration,
     pub ray_bin: String,
     /// Where this node's status file lives (not on shared storage).
@@ -95,88 +766,45 @@ pub struct Config {
     pub stable_run: Duration,
     /// Use file events (inotify) to react faster; polling stays primary.
     pub file_events: bool,
+    pub log: Logging,
+    pub preflight: PreflightConfig,
+    pub hook: HookConfig,
+    pub shim: ShimConfig,
+    /// The effective values and where each came from.
+    pub settings: Vec<Setting>,
 }
 
-/// The variables this module reads, for documentation and tests.
-pub const VARIABLES: &[&str] = &[
-    "ARGUS_ROLE",
-    "ARGUS_SHARED_ROOT",
-    "ARGUS_CLUSTER_NAME",
-    "ARGUS_HEAD_IP_FILE",
-    "ARGUS_RAY_PORT",
-    "ARGUS_DASHBOARD_PORT",
-    "ARGUS_TTL_S",
-    "ARGUS_REFRESH_S",
-    "ARGUS_POLL_S",
-    "ARGUS_NODE_IP",
-    "ARGUS_WORKER_RESOURCES_KV",
-    "ARGUS_RAY_EXTRA_ARGS",
-    "ARGUS_LOG_DIR",
-    "ARGUS_LOG_FORMAT",
-    "ARGUS_LOG_LEVEL",
-    "ARGUS_PREFLIGHT",
-    "ARGUS_PREFLIGHT_DEV_ROOT",
-    "ARGUS_PREFLIGHT_TIMEOUT_S",
-    "ARGUS_PRESTART_HOOK",
-    "ARGUS_DISABLE_PRESTART",
-    "ARGUS_PRESTART_TIMEOUT_S",
-    "ARGUS_STOP_GRACE_S",
-    "ARGUS_RAY_BIN",
-    "ARGUS_STATE_DIR",
-    "ARGUS_RESTART_BACKOFF_MIN_S",
-    "ARGUS_RESTART_BACKOFF_MAX_S",
-    "ARGUS_STABLE_RUN_S",
-    "ARGUS_FILE_EVENTS",
+/// `ray start` flags the agent sets itself.
+const AGENT_RAY_FLAGS: &[&str] = &[
+    "--head",
+    "--block",
+    "--address",
+    "--port",
+    "--node-ip-address",
+    "--dashboard-port",
 ];
 
 impl Config {
-    /// Reads and validates the process environment.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
-    }
-
     /// Reads and validates configuration from `get` (variable -> value).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let var = |k: &str| get(k).filter(|v| !v.is_empty());
-        let role = match var("ARGUS_ROLE") {
-            None => {
-                return Err(ConfigError::new(
-                    "ARGUS_ROLE",
-                    "",
-                    "required: set it to `head` or `worker`",
-                ))
-            }
-            Some(v) => match v.trim() {
-                "head" => Role::Head,
-                "worker" => Role::Worker,
-                _ => {
-                    return Err(ConfigError::new(
-                        "ARGUS_ROLE",
-                        &v,
-                        "must be `head` or `worker`",
-                    ))
-                }
-            },
+        Self::read(Reader::with(|k| {
+            get(k).map(|v| (OsString::from(v), Source::Environment))
+        }))
+    }
+
+    /// Reads and validates every variable through `r`.
+    pub fn read(mut r: Reader) -> Result<Self, ConfigError> {
+        let role = match r.choice("ARGUS_ROLE")? {
+            "head" => Role::Head,
+            _ => Role::Worker,
         };
-        let shared_root = abs_path("ARGUS_SHARED_ROOT", var("ARGUS_SHARED_ROOT"), "/private")?;
-        let cluster_name = var("ARGUS_CLUSTER_NAME").unwrap_or_else(|| "argus-ray".into());
-        check_cluster_name(&cluster_name)?;
-        let head_file = match var("ARGUS_HEAD_IP_FILE") {
-            Some(v) => abs_path("ARGUS_HEAD_IP_FILE", Some(v), "")?,
-            None => shared_root
-                .join("ray/discovery")
-                .join(&cluster_name)
-                .join("head.json"),
-        };
-        if head_file.file_name().is_none() {
-            return Err(ConfigError::new(
-                "ARGUS_HEAD_IP_FILE",
-                &head_file.display().to_string(),
-                "must name a file",
-            ));
-        }
-        let ray_port = port("ARGUS_RAY_PORT", var("ARGUS_RAY_PORT"), 6379)?;
-        let dashboard_port = port("ARGUS_DASHBOARD_PORT", var("ARGUS_DASHBOARD_PORT"), 8265)?;
+        let Discovery {
+            shared_root,
+            cluster_name,
+            head_file,
+        } = Discovery::read(&mut r)?;
+        let ray_port = r.port("ARGUS_RAY_PORT")?;
+        let dashboard_port = r.port("ARGUS_DASHBOARD_PORT")?;
         if ray_port == dashboard_port {
             return Err(ConfigError::new(
                 "ARGUS_DASHBOARD_PORT",
@@ -184,143 +812,49 @@ impl Config {
                 "must differ from ARGUS_RAY_PORT",
             ));
         }
-        let ttl = seconds("ARGUS_TTL_S", var("ARGUS_TTL_S"), 60.0)?;
-        let refresh = seconds("ARGUS_REFRESH_S", var("ARGUS_REFRESH_S"), 10.0)?;
-        if refresh >= ttl {
-            return Err(ConfigError::new(
-                "ARGUS_REFRESH_S",
-                &refresh.as_secs_f64().to_string(),
-                format!("must be less than ARGUS_TTL_S ({})", ttl.as_secs_f64()),
-            ));
-        }
-        let poll = seconds("ARGUS_POLL_S", var("ARGUS_POLL_S"), 5.0)?;
-        if poll >= ttl {
-            return Err(ConfigError::new(
-                "ARGUS_POLL_S",
-                &poll.as_secs_f64().to_string(),
-                format!("must be less than ARGUS_TTL_S ({})", ttl.as_secs_f64()),
-            ));
-        }
-        let node_ip = match var("ARGUS_NODE_IP") {
-            None => None,
-            Some(v) if v.trim() == "auto" => None,
-            Some(v) => {
-                let ip: IpAddr = v.trim().parse().map_err(|_| {
-                    ConfigError::new("ARGUS_NODE_IP", &v, "not an IP address (or `auto`)")
-                })?;
-                if ip.is_unspecified() || ip.is_multicast() {
-                    return Err(ConfigError::new(
-                        "ARGUS_NODE_IP",
-                        &v,
-                        "must be a unicast address other than 0.0.0.0/::",
-                    ));
-                }
-                Some(ip)
+        let ttl = r.seconds("ARGUS_TTL_S")?;
+        let below_ttl = |name: &'static str, period: Duration| {
+            if period < ttl {
+                return Ok(period);
             }
+            Err(ConfigError::new(
+                name,
+                &period.as_secs_f64().to_string(),
+                format!("must be less than ARGUS_TTL_S ({})", ttl.as_secs_f64()),
+            ))
         };
-        let worker_resources = match get("ARGUS_WORKER_RESOURCES_KV") {
-            None => parse_resources("worker_node=100").expect("default parses"),
-            Some(v) => parse_resources(&v)
-                .map_err(|reason| ConfigError::new("ARGUS_WORKER_RESOURCES_KV", &v, reason))?,
-        };
-        let ray_extra_args = match var("ARGUS_RAY_EXTRA_ARGS") {
-            None => Vec::new(),
-            Some(v) => shlex::split(&v).ok_or_else(|| {
-                ConfigError::new(
-                    "ARGUS_RAY_EXTRA_ARGS",
-                    &v,
-                    "cannot be split into words (unbalanced quote or trailing backslash)",
-                )
-            })?,
-        };
+        let refresh = below_ttl("ARGUS_REFRESH_S", r.seconds("ARGUS_REFRESH_S")?)?;
+        let poll = below_ttl("ARGUS_POLL_S", r.seconds("ARGUS_POLL_S")?)?;
+        let node_ip = r.ip("ARGUS_NODE_IP")?;
+        let resources = r.value("ARGUS_WORKER_RESOURCES_KV")?.unwrap_or_default();
+        let worker_resources = parse_resources(&resources)
+            .map_err(|reason| ConfigError::new("ARGUS_WORKER_RESOURCES_KV", &resources, reason))?;
+        let extra = r.value("ARGUS_RAY_EXTRA_ARGS")?.unwrap_or_default();
+        let ray_extra_args = shlex::split(&extra).ok_or_else(|| {
+            ConfigError::new(
+                "ARGUS_RAY_EXTRA_ARGS",
+                &extra,
+                "cannot be split into words (unbalanced quote or trailing backslash)",
+            )
+        })?;
         for a in &ray_extra_args {
-            if a == "--block" || a == "--head" || a.starts_with("--address") {
+            let flag = a.split_once('=').map_or(a.as_str(), |(f, _)| f);
+            if AGENT_RAY_FLAGS.contains(&flag) {
                 return Err(ConfigError::new(
                     "ARGUS_RAY_EXTRA_ARGS",
                     a,
-                    "the agent sets --head, --address and --block itself",
+                    format!("the agent sets {} itself", AGENT_RAY_FLAGS.join(", ")),
                 ));
             }
         }
-        let log_dir = match var("ARGUS_LOG_DIR") {
-            Some(v) => abs_path("ARGUS_LOG_DIR", Some(v), "")?,
-            None => shared_root.join("common/logs"),
-        };
-        let log_format = match var("ARGUS_LOG_FORMAT").as_deref() {
-            None | Some("text") => LogFormat::Text,
-            Some("json") => LogFormat::Json,
-            Some(v) => {
-                return Err(ConfigError::new(
-                    "ARGUS_LOG_FORMAT",
-                    v,
-                    "must be `text` or `json`",
-                ))
-            }
-        };
-        let log_level = var("ARGUS_LOG_LEVEL").unwrap_or_else(|| "info".into());
-        if !["error", "warn", "info", "debug", "trace"].contains(&log_level.as_str()) {
-            return Err(ConfigError::new(
-                "ARGUS_LOG_LEVEL",
-                &log_level,
-                "must be one of error, warn, info, debug, trace",
-            ));
-        }
-        let preflight = match var("ARGUS_PREFLIGHT").as_deref() {
-            None | Some("auto") => PreflightMode::Auto,
-            Some("require") => PreflightMode::Require,
-            Some("skip") => PreflightMode::Skip,
-            Some(v) => {
-                return Err(ConfigError::new(
-                    "ARGUS_PREFLIGHT",
-                    v,
-                    "must be `auto`, `require` or `skip`",
-                ))
-            }
-        };
-        let preflight_dev_root = abs_path(
-            "ARGUS_PREFLIGHT_DEV_ROOT",
-            var("ARGUS_PREFLIGHT_DEV_ROOT"),
-            "/",
-        )?;
-        let preflight_timeout = seconds(
-            "ARGUS_PREFLIGHT_TIMEOUT_S",
-            var("ARGUS_PREFLIGHT_TIMEOUT_S"),
-            10.0,
-        )?;
-        let prestart_hook = abs_path(
-            "ARGUS_PRESTART_HOOK",
-            var("ARGUS_PRESTART_HOOK"),
-            "/opt/argus/ray-prestart",
-        )?;
-        let disable_prestart = match var("ARGUS_DISABLE_PRESTART").as_deref() {
-            None | Some("0") | Some("false") => false,
-            Some("1") | Some("true") => true,
-            Some(v) => {
-                return Err(ConfigError::new(
-                    "ARGUS_DISABLE_PRESTART",
-                    v,
-                    "must be `1`, `true`, `0` or `false`",
-                ))
-            }
-        };
-        let prestart_timeout = seconds(
-            "ARGUS_PRESTART_TIMEOUT_S",
-            var("ARGUS_PRESTART_TIMEOUT_S"),
-            300.0,
-        )?;
-        let stop_grace = seconds("ARGUS_STOP_GRACE_S", var("ARGUS_STOP_GRACE_S"), 8.0)?;
-        let ray_bin = var("ARGUS_RAY_BIN").unwrap_or_else(|| "ray".into());
-        let state_dir = abs_path("ARGUS_STATE_DIR", var("ARGUS_STATE_DIR"), "/run/argus")?;
-        let backoff_min = seconds(
-            "ARGUS_RESTART_BACKOFF_MIN_S",
-            var("ARGUS_RESTART_BACKOFF_MIN_S"),
-            1.0,
-        )?;
-        let backoff_max = seconds(
-            "ARGUS_RESTART_BACKOFF_MAX_S",
-            var("ARGUS_RESTART_BACKOFF_MAX_S"),
-            60.0,
-        )?;
+        let log = Logging::read(&mut r, &shared_root)?;
+        let preflight = PreflightConfig::read(&mut r)?;
+        let hook = HookConfig::read(&mut r)?;
+        let stop_grace = r.seconds("ARGUS_STOP_GRACE_S")?;
+        let ray_bin = r.value("ARGUS_RAY_BIN")?.unwrap_or_default();
+        let state_dir = read_state_dir(&mut r)?;
+        let backoff_min = r.seconds("ARGUS_RESTART_BACKOFF_MIN_S")?;
+        let backoff_max = r.seconds("ARGUS_RESTART_BACKOFF_MAX_S")?;
         if backoff_max < backoff_min {
             return Err(ConfigError::new(
                 "ARGUS_RESTART_BACKOFF_MAX_S",
@@ -328,18 +862,9 @@ impl Config {
                 "must not be less than ARGUS_RESTART_BACKOFF_MIN_S",
             ));
         }
-        let stable_run = seconds("ARGUS_STABLE_RUN_S", var("ARGUS_STABLE_RUN_S"), 60.0)?;
-        let file_events = match var("ARGUS_FILE_EVENTS").as_deref() {
-            None | Some("on") | Some("1") | Some("true") => true,
-            Some("off") | Some("0") | Some("false") => false,
-            Some(v) => {
-                return Err(ConfigError::new(
-                    "ARGUS_FILE_EVENTS",
-                    v,
-                    "must be `on` or `off`",
-                ))
-            }
-        };
+        let stable_run = r.seconds("ARGUS_STABLE_RUN_S")?;
+        let file_events = r.flag("ARGUS_FILE_EVENTS")?;
+        let shim = ShimConfig::read(&mut r)?;
         Ok(Config {
             role,
             shared_root,
@@ -353,15 +878,6 @@ impl Config {
             node_ip,
             worker_resources,
             ray_extra_args,
-            log_dir,
-            log_format,
-            log_level,
-            preflight,
-            preflight_dev_root,
-            preflight_timeout,
-            prestart_hook,
-            disable_prestart,
-            prestart_timeout,
             stop_grace,
             ray_bin,
             state_dir,
@@ -369,6 +885,11 @@ impl Config {
             backoff_max,
             stable_run,
             file_events,
+            log,
+            preflight,
+            hook,
+            shim,
+            settings: r.into_settings(),
         })
     }
 
@@ -380,73 +901,70 @@ impl Config {
             Some(serde_json::to_string(&self.worker_resources).expect("map of f64 serialises"))
         }
     }
+
+    /// Checks what depends on this machine (run by `run` and `config`
+    /// alike): the Ray CLI can be executed, and a head's `ARGUS_NODE_IP` is
+    /// an address of this node. Returns warnings to log (a stop grace that
+    /// does not fit in Docker's default stop timeout).
+    pub fn check_host(&self) -> Result<Vec<String>, ConfigError> {
+        find_program(&self.ray_bin)
+            .map_err(|reason| ConfigError::new("ARGUS_RAY_BIN", &self.ray_bin, reason))?;
+        if let (Role::Head, Some(ip)) = (self.role, self.node_ip) {
+            if !crate::netinfo::is_local(ip) {
+                return Err(ConfigError::new(
+                    "ARGUS_NODE_IP",
+                    &ip.to_string(),
+                    "is not an address of this node (a head must listen on its own address)",
+                ));
+            }
+        }
+        let mut warnings = Vec::new();
+        let needed = self.stop_grace + STOP_OVERHEAD;
+        if needed > DOCKER_STOP_TIMEOUT {
+            warnings.push(format!(
+                "ARGUS_STOP_GRACE_S={} plus about {}s to clean up exceeds docker stop's default {}s: \
+                 raise the container's stop timeout to at least {}s (compose `stop_grace_period`, \
+                 `docker stop -t`, `docker run --stop-timeout`) or Docker kills the node mid-stop",
+                self.stop_grace.as_secs_f64(),
+                STOP_OVERHEAD.as_secs(),
+                DOCKER_STOP_TIMEOUT.as_secs(),
+                needed.as_secs_f64().ceil()
+            ));
+        }
+        Ok(warnings)
+    }
 }
 
-fn check_cluster_name(name: &str) -> Result<(), ConfigError> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name != "."
-        && name != ".."
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
-    if ok {
+/// Returns the path of `program` (a path, or a name looked up on PATH) if it
+/// is an executable file; else why not.
+pub fn find_program(program: &str) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| -> Result<(), String> {
+        let meta = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        if meta.is_dir() {
+            return Err(format!("{} is a folder", p.display()));
+        }
+        if meta.permissions().mode() & 0o111 == 0
+            || nix::unistd::access(p, nix::unistd::AccessFlags::X_OK).is_err()
+        {
+            return Err(format!(
+                "{} is not executable (mode {:o})",
+                p.display(),
+                meta.permissions().mode() & 0o7777
+            ));
+        }
         Ok(())
-    } else {
-        Err(ConfigError::new(
-            "ARGUS_CLUSTER_NAME",
-            name,
-            "must be 1-63 characters of letters, digits, `-`, `_` or `.` (it names a folder)",
-        ))
-    }
-}
-
-fn abs_path(var: &'static str, v: Option<String>, default: &str) -> Result<PathBuf, ConfigError> {
-    let v = v.unwrap_or_else(|| default.to_string());
-    if !v.starts_with('/') {
-        return Err(ConfigError::new(var, &v, "must be an absolute path"));
-    }
-    if v.contains('\0') {
-        return Err(ConfigError::new(var, &v, "contains a NUL byte"));
-    }
-    Ok(PathBuf::from(v))
-}
-
-fn port(var: &'static str, v: Option<String>, default: u16) -> Result<u16, ConfigError> {
-    match v {
-        None => Ok(default),
-        Some(v) => match v.trim().parse::<u32>() {
-            Ok(p) if (1..=65535).contains(&p) => Ok(p as u16),
-            Ok(_) => Err(ConfigError::new(var, &v, "port out of range 1-65535")),
-            Err(_) => Err(ConfigError::new(var, &v, "not a port number")),
-        },
-    }
-}
-
-/// Parses a positive, finite number of seconds (decimals allowed).
-fn seconds(var: &'static str, v: Option<String>, default: f64) -> Result<Duration, ConfigError> {
-    let Some(v) = v else {
-        return Ok(Duration::from_secs_f64(default));
     };
-    let n: f64 = v
-        .trim()
-        .parse()
-        .map_err(|_| ConfigError::new(var, &v, "not a number of seconds"))?;
-    if !n.is_finite() || n <= 0.0 {
-        return Err(ConfigError::new(
-            var,
-            &v,
-            "must be a positive number of seconds",
-        ));
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        executable(&p)?;
+        return Ok(p);
     }
-    if n > 86_400.0 * 365.0 {
-        return Err(ConfigError::new(
-            var,
-            &v,
-            "unreasonably large (over a year)",
-        ));
-    }
-    Ok(Duration::from_secs_f64(n))
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| executable(p).is_ok())
+        .ok_or_else(|| "not found as an executable on PATH".to_string())
 }
 
 /// Parses `k=v,k2=v2` into resource quantities. An empty string is no
@@ -525,10 +1043,10 @@ mod tests {
             Some(r#"{"worker_node":100.0}"#)
         );
         assert!(c.ray_extra_args.is_empty());
-        assert_eq!(c.log_dir, PathBuf::from("/private/common/logs"));
-        assert_eq!(c.preflight, PreflightMode::Auto);
-        assert_eq!(c.prestart_hook, PathBuf::from("/opt/argus/ray-prestart"));
-        assert!(!c.disable_prestart);
+        assert_eq!(c.log.dir, PathBuf::from("/private/common/logs"));
+        assert_eq!(c.preflight.mode, PreflightMode::Auto);
+        assert_eq!(c.hook.path, PathBuf::from("/opt/argus/ray-prestart"));
+        assert!(!c.hook.disabled);
         assert_eq!(c.stop_grace, Duration::from_secs(8));
         assert_eq!(c.ray_bin, "ray");
     }
@@ -560,7 +1078,7 @@ mod tests {
             c.head_file,
             PathBuf::from("/shared/ray/discovery/c1/head.json")
         );
-        assert_eq!(c.log_dir, PathBuf::from("/shared/common/logs"));
+        assert_eq!(c.log.dir, PathBuf::from("/shared/common/logs"));
         assert_eq!((c.ray_port, c.dashboard_port), (7000, 7001));
         assert_eq!(c.refresh, Duration::from_millis(2500));
         assert_eq!(c.node_ip, Some("10.0.0.7".parse().unwrap()));
@@ -569,9 +1087,9 @@ mod tests {
             Some(r#"{"a":1.0,"b":2.5}"#)
         );
         assert_eq!(c.ray_extra_args, vec!["--num-cpus=2", "--labels=x=1 y"]);
-        assert_eq!(c.log_format, LogFormat::Json);
-        assert_eq!(c.preflight, PreflightMode::Require);
-        assert!(c.disable_prestart);
+        assert_eq!(c.log.format, LogFormat::Json);
+        assert_eq!(c.preflight.mode, PreflightMode::Require);
+        assert!(c.hook.disabled);
         assert_eq!(c.stop_grace, Duration::from_secs(3));
         assert_eq!(c.ray_bin, "/venv/bin/ray");
         let c = cfg(&[
@@ -662,7 +1180,7 @@ mod tests {
                 "ARGUS_PRESTART_HOOK",
             ),
             (
-                vec![w, ("ARGUS_DISABLE_PRESTART", "yes")],
+                vec![w, ("ARGUS_DISABLE_PRESTART", "maybe")],
                 "ARGUS_DISABLE_PRESTART",
             ),
             (
@@ -690,5 +1208,187 @@ mod tests {
             let line = e.to_string();
             assert!(line.starts_with(var) && !line.contains('\n'), "{line}");
         }
+    }
+
+    #[test]
+    fn durations_below_their_floor_are_refused() {
+        let w = ("ARGUS_ROLE", "worker");
+        for (var, value) in [
+            ("ARGUS_REFRESH_S", "1e-9"),
+            ("ARGUS_POLL_S", "0.05"),
+            ("ARGUS_TTL_S", "0.9"),
+            ("ARGUS_STOP_GRACE_S", "0.01"),
+            ("ARGUS_RESTART_BACKOFF_MIN_S", "0.001"),
+        ] {
+            let e = err(&[w, (var, value)]);
+            assert_eq!(e.var, var, "{e}");
+            assert!(e.reason.contains("at least"), "{e}");
+        }
+        let c = cfg(&[
+            w,
+            ("ARGUS_REFRESH_S", "0.1"),
+            ("ARGUS_POLL_S", "0.1"),
+            ("ARGUS_TTL_S", "1"),
+        ]);
+        assert!(c.is_ok(), "{c:?}");
+    }
+
+    #[test]
+    fn extra_args_may_not_carry_the_agents_own_flags() {
+        let w = ("ARGUS_ROLE", "worker");
+        for flag in AGENT_RAY_FLAGS {
+            for arg in [flag.to_string(), format!("{flag}=1")] {
+                let e = err(&[w, ("ARGUS_RAY_EXTRA_ARGS", &format!("--num-cpus=2 {arg}"))]);
+                assert_eq!(
+                    (e.var, e.value.as_str()),
+                    ("ARGUS_RAY_EXTRA_ARGS", arg.as_str())
+                );
+            }
+        }
+        // Flags that only start like the agent's are the user's.
+        let c = cfg(&[
+            w,
+            (
+                "ARGUS_RAY_EXTRA_ARGS",
+                "--port-retries=3 --dashboard-host=0.0.0.0",
+            ),
+        ]);
+        assert!(c.is_ok(), "{c:?}");
+    }
+
+    #[test]
+    fn paths_with_parent_components_are_refused() {
+        let w = ("ARGUS_ROLE", "worker");
+        for var in [
+            "ARGUS_STATE_DIR",
+            "ARGUS_SHARED_ROOT",
+            "ARGUS_LOG_DIR",
+            "ARGUS_HEAD_IP_FILE",
+        ] {
+            let e = err(&[w, (var, "/a/../b")]);
+            assert_eq!(e.var, var, "{e}");
+        }
+    }
+
+    #[test]
+    fn one_yes_no_vocabulary_for_every_switch() {
+        for (v, want) in [
+            ("1", true),
+            ("true", true),
+            ("yes", true),
+            ("on", true),
+            ("ON", true),
+            ("0", false),
+            ("false", false),
+            ("no", false),
+            ("off", false),
+            ("No", false),
+        ] {
+            for var in ["ARGUS_DISABLE_PRESTART", "ARGUS_FILE_EVENTS"] {
+                let c = cfg(&[("ARGUS_ROLE", "worker"), (var, v)]).unwrap();
+                let got = if var == "ARGUS_FILE_EVENTS" {
+                    c.file_events
+                } else {
+                    c.hook.disabled
+                };
+                assert_eq!(got, want, "{var}={v}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_value_that_is_not_utf8_is_an_error_not_unset() {
+        use std::os::unix::ffi::OsStringExt;
+        let r = Reader::with(|k| match k {
+            "ARGUS_ROLE" => Some(("worker".into(), Source::Environment)),
+            "ARGUS_CLUSTER_NAME" => {
+                Some((OsString::from_vec(b"c\xff".to_vec()), Source::Environment))
+            }
+            _ => None,
+        });
+        let e = Config::read(r).unwrap_err();
+        assert_eq!(e.var, "ARGUS_CLUSTER_NAME");
+        assert!(e.reason.contains("UTF-8"), "{e}");
+    }
+
+    #[test]
+    fn settings_say_where_each_value_came_from() {
+        let flags = BTreeMap::from([("ARGUS_TTL_S", OsString::from("20"))]);
+        let r = Reader::with(|k| match flags.get(k) {
+            Some(v) => Some((v.clone(), Source::Flag)),
+            None => match k {
+                "ARGUS_ROLE" => Some(("worker".into(), Source::Environment)),
+                "ARGUS_TTL_S" => Some(("30".into(), Source::Environment)),
+                _ => None,
+            },
+        });
+        let c = Config::read(r).unwrap();
+        assert_eq!(c.ttl, Duration::from_secs(20));
+        let find = |n: &str| c.settings.iter().find(|s| s.name == n).unwrap().clone();
+        assert_eq!(find("ARGUS_TTL_S").source, Source::Flag);
+        assert_eq!(find("ARGUS_ROLE").source, Source::Environment);
+        assert_eq!(find("ARGUS_RAY_PORT").value.as_deref(), Some("6379"));
+        assert_eq!(find("ARGUS_RAY_PORT").source, Source::Default);
+        assert_eq!(
+            find("ARGUS_LOG_DIR").value.as_deref(),
+            Some("/private/common/logs")
+        );
+        // Every variable of the table is read (and so shown) by `run`.
+        let names: Vec<&str> = c.settings.iter().map(|s| s.name).collect();
+        let table: Vec<&str> = VARIABLES.iter().map(|v| v.name).collect();
+        assert_eq!(names, table);
+    }
+
+    #[test]
+    fn every_default_of_the_table_is_valid() {
+        let c = cfg(&[("ARGUS_ROLE", "head")]).unwrap();
+        assert_eq!(c.settings.len(), VARIABLES.len());
+        for v in VARIABLES {
+            assert!(v.name.starts_with("ARGUS_"), "{}", v.name);
+            assert!(!v.help.is_empty() && !v.help.contains('\n'), "{}", v.name);
+        }
+    }
+
+    #[test]
+    fn host_checks_find_the_ray_cli_and_a_heads_own_address() {
+        let ok = |k: &str, extra: &[(&str, &str)]| {
+            let mut pairs = vec![("ARGUS_ROLE", k), ("ARGUS_RAY_BIN", "/bin/sh")];
+            pairs.extend_from_slice(extra);
+            cfg(&pairs).unwrap().check_host()
+        };
+        assert_eq!(ok("head", &[("ARGUS_NODE_IP", "127.0.3.4")]), Ok(vec![]));
+        let e = ok("head", &[("ARGUS_NODE_IP", "203.0.113.77")]).unwrap_err();
+        assert_eq!(e.var, "ARGUS_NODE_IP");
+        // A worker's address is not checked here.
+        assert!(ok("worker", &[("ARGUS_NODE_IP", "203.0.113.77")]).is_ok());
+        let e = ok("worker", &[("ARGUS_RAY_BIN", "/nonexistent/ray")]).unwrap_err();
+        assert_eq!(e.var, "ARGUS_RAY_BIN");
+        let e = ok("worker", &[("ARGUS_RAY_BIN", "/etc/passwd")]).unwrap_err();
+        assert!(e.reason.contains("not executable"), "{e}");
+        let e = ok("worker", &[("ARGUS_RAY_BIN", "/")]).unwrap_err();
+        assert!(e.reason.contains("folder"), "{e}");
+        let e = ok("worker", &[("ARGUS_RAY_BIN", "no-such-program-anywhere")]).unwrap_err();
+        assert!(e.reason.contains("PATH"), "{e}");
+        assert!(find_program("sh").is_ok_and(|p| p.is_absolute()));
+        let w = ok("worker", &[("ARGUS_STOP_GRACE_S", "8.5")]).unwrap();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("stop_grace_period") && w[0].contains("docker stop -t"),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn url_passwords_are_masked_in_settings_and_errors() {
+        assert_eq!(
+            redact("redis://:s3cret@10.0.0.5:6379"),
+            "redis://:***@10.0.0.5:6379"
+        );
+        assert_eq!(redact("redis://u:p@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact("10.0.0.5:6379"), "10.0.0.5:6379");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(redact("http://h/a:b@c"), "http://h/a:b@c");
+        let e = ConfigError::new("ARGUS_X", "redis://:pw@h:1", "bad");
+        assert!(!e.to_string().contains("pw"), "{e}");
     }
 }

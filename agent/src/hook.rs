@@ -18,12 +18,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
 use tracing::{debug, info, warn};
 
-use crate::config::Config;
-use crate::supervise::{spawn, Exit};
+use crate::config::HookConfig;
+use crate::supervise::{spawn, Exit, Stop, Waited};
 
 /// How many of the hook's last output lines an error quotes.
 const TAIL_LINES: usize = 5;
@@ -48,6 +46,9 @@ pub enum HookError {
     /// The path exists but cannot be executed (mode, a folder, bad format).
     #[error("pre-start hook {} exists but is not executable: {reason} (chmod +x it, or set ARGUS_DISABLE_PRESTART=1)", .path.display())]
     NotExecutable { path: PathBuf, reason: String },
+    /// A stop was requested while the hook ran; its group was killed.
+    #[error("pre-start hook {} stopped on request (its process group was killed)", .path.display())]
+    Stopped { path: PathBuf },
     /// The hook could not be started for another reason.
     #[error("pre-start hook {} could not be started: {source}", .path.display())]
     Spawn {
@@ -59,10 +60,11 @@ pub enum HookError {
 
 impl HookError {
     /// Returns the agent's exit code: 78 when the hook is not executable
-    /// (configuration), 1 otherwise.
+    /// (configuration), 0 when stopped on request, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             HookError::NotExecutable { .. } => 78,
+            HookError::Stopped { .. } => 0,
             _ => 1,
         }
     }
@@ -83,17 +85,19 @@ fn tail(lines: &[String]) -> String {
 }
 
 /// Runs the pre-start hook per `cfg`: skipped when disabled or absent,
-/// an error when it is not executable, fails or times out.
-pub fn run_prestart(cfg: &Config) -> Result<(), HookError> {
-    if cfg.disable_prestart {
-        info!(hook = %cfg.prestart_hook.display(), "prestart hook disabled by ARGUS_DISABLE_PRESTART");
+/// an error when it is not executable, fails, times out or `stop` is
+/// requested while it runs.
+pub fn run_prestart(cfg: &HookConfig, stop: &Stop) -> Result<(), HookError> {
+    if cfg.disabled {
+        info!(hook = %cfg.path.display(), "prestart hook disabled by ARGUS_DISABLE_PRESTART");
         return Ok(());
     }
-    run_hook(&cfg.prestart_hook, cfg.prestart_timeout)
+    run_hook(&cfg.path, cfg.timeout, stop)
 }
 
-/// Runs the executable at `path` if it exists, bounded by `timeout`.
-pub fn run_hook(path: &Path, timeout: Duration) -> Result<(), HookError> {
+/// Runs the executable at `path` if it exists, bounded by `timeout`; a stop
+/// request kills its process group at once.
+pub fn run_hook(path: &Path, timeout: Duration, stop: &Stop) -> Result<(), HookError> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -143,7 +147,7 @@ pub fn run_hook(path: &Path, timeout: Duration) -> Result<(), HookError> {
         // of this block, so the reader sees EOF when the hook's side closes.
         spawn(&mut cmd)
     };
-    let mut child = match child {
+    let child = match child {
         Ok(c) => c,
         Err(e) => {
             return Err(match e.raw_os_error() {
@@ -184,11 +188,10 @@ pub fn run_hook(path: &Path, timeout: Duration) -> Result<(), HookError> {
             source: e,
         })?;
 
-    let exit = child.wait_timeout(timeout);
-    if exit.is_none() {
+    let waited = child.wait_or_stop(timeout, stop);
+    if !matches!(waited, Waited::Exited(_)) {
         // The whole group: a hook's own children must not outlive it.
-        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-        let _ = child.wait_timeout(Duration::from_secs(5));
+        child.kill_group(Duration::from_secs(5));
     }
     // Descendants that kept the pipe open must not stall the start forever.
     let output_tail = tail_rx
@@ -198,8 +201,12 @@ pub fn run_hook(path: &Path, timeout: Duration) -> Result<(), HookError> {
             Vec::new()
         });
     let elapsed_ms = started.elapsed().as_millis() as u64;
-    match exit {
-        None => {
+    match waited {
+        Waited::Stopped => {
+            info!(hook = %path.display(), pid, "prestart hook killed: the agent is stopping");
+            Err(HookError::Stopped { path: path.into() })
+        }
+        Waited::TimedOut => {
             warn!(hook = %path.display(), pid, timeout_s = timeout.as_secs_f64(), "prestart hook timed out and was killed");
             Err(HookError::TimedOut {
                 path: path.into(),
@@ -207,11 +214,11 @@ pub fn run_hook(path: &Path, timeout: Duration) -> Result<(), HookError> {
                 output_tail,
             })
         }
-        Some(e) if e.success() => {
+        Waited::Exited(e) if e.success() => {
             info!(hook = %path.display(), pid, elapsed_ms, "prestart hook succeeded");
             Ok(())
         }
-        Some(exit) => {
+        Waited::Exited(exit) => {
             warn!(hook = %path.display(), pid, exit_code = exit.code(), elapsed_ms, "prestart hook failed");
             Err(HookError::Failed {
                 path: path.into(),
@@ -244,7 +251,7 @@ mod tests {
     #[test]
     fn absent_hook_is_skipped() {
         let d = setup();
-        run_hook(&d.path().join("nope"), Duration::from_secs(5)).unwrap();
+        run_hook(&d.path().join("nope"), Duration::from_secs(5), &Stop::new()).unwrap();
     }
 
     #[test]
@@ -257,7 +264,7 @@ mod tests {
             &format!("echo out; echo err >&2; echo x >> {}", marker.display()),
             0o755,
         );
-        run_hook(&h, Duration::from_secs(10)).unwrap();
+        run_hook(&h, Duration::from_secs(10), &Stop::new()).unwrap();
         assert_eq!(std::fs::read_to_string(&marker).unwrap(), "x\n");
     }
 
@@ -270,7 +277,7 @@ mod tests {
             "echo 'disk not mounted' >&2; exit 3",
             0o755,
         );
-        let e = run_hook(&h, Duration::from_secs(10)).unwrap_err();
+        let e = run_hook(&h, Duration::from_secs(10), &Stop::new()).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -300,7 +307,7 @@ mod tests {
             0o755,
         );
         let t = Instant::now();
-        let e = run_hook(&h, Duration::from_millis(500)).unwrap_err();
+        let e = run_hook(&h, Duration::from_millis(500), &Stop::new()).unwrap_err();
         assert!(matches!(e, HookError::TimedOut { .. }), "{e:?}");
         assert_eq!(e.exit_code(), 1);
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
@@ -313,7 +320,7 @@ mod tests {
         // The grandchild is reaped by our reaper (subreaper); give it a moment.
         let gone = (0..50).any(|_| {
             std::thread::sleep(Duration::from_millis(20));
-            nix::sys::signal::kill(Pid::from_raw(pid), None).is_err()
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err()
         });
         assert!(gone, "the hook's child {pid} survived the timeout");
     }
@@ -322,10 +329,10 @@ mod tests {
     fn non_executable_hook_is_a_configuration_error() {
         let d = setup();
         let h = script(d.path(), "hook", "exit 0", 0o644);
-        let e = run_hook(&h, Duration::from_secs(5)).unwrap_err();
+        let e = run_hook(&h, Duration::from_secs(5), &Stop::new()).unwrap_err();
         assert!(matches!(e, HookError::NotExecutable { .. }), "{e:?}");
         assert_eq!(e.exit_code(), 78);
-        let e = run_hook(d.path(), Duration::from_secs(5)).unwrap_err();
+        let e = run_hook(d.path(), Duration::from_secs(5), &Stop::new()).unwrap_err();
         assert_eq!(e.exit_code(), 78, "{e}");
     }
 
@@ -333,7 +340,7 @@ mod tests {
     fn hook_killed_by_a_signal_reports_128_plus_signal() {
         let d = setup();
         let h = script(d.path(), "hook", "kill -9 $$", 0o755);
-        let e = run_hook(&h, Duration::from_secs(5)).unwrap_err();
+        let e = run_hook(&h, Duration::from_secs(5), &Stop::new()).unwrap_err();
         assert!(
             e.to_string().contains("exit code 137 (killed by SIGKILL)"),
             "{e}"
@@ -351,14 +358,15 @@ mod tests {
             &format!("touch {}; exit 1", marker.display()),
             0o755,
         );
-        let mut cfg =
-            Config::from_lookup(|k| (k == "ARGUS_ROLE").then(|| "worker".to_string())).unwrap();
-        cfg.prestart_hook = h;
-        cfg.disable_prestart = true;
-        run_prestart(&cfg).unwrap();
+        let mut cfg = HookConfig {
+            path: h,
+            disabled: true,
+            timeout: Duration::from_secs(10),
+        };
+        run_prestart(&cfg, &Stop::new()).unwrap();
         assert!(!marker.exists());
-        cfg.disable_prestart = false;
-        assert!(run_prestart(&cfg).is_err());
+        cfg.disabled = false;
+        assert!(run_prestart(&cfg, &Stop::new()).is_err());
         assert!(marker.exists());
     }
 }

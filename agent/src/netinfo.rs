@@ -81,6 +81,12 @@ fn interfaces() -> Vec<(String, IpAddr, bool)> {
         .collect()
 }
 
+/// Returns true if and only if `ip` is an address of this node: a loopback
+/// address (all of 127.0.0.0/8 is local on Linux) or one an interface holds.
+pub fn is_local(ip: IpAddr) -> bool {
+    ip.is_loopback() || interfaces().iter().any(|(_, a, _)| *a == ip)
+}
+
 /// Chooses the node IP and says how.
 pub fn detect(override_ip: Option<IpAddr>) -> Result<(IpAddr, IpSource), NoNodeIp> {
     if let Some(ip) = override_ip {
@@ -154,6 +160,16 @@ eth0\t00000000\t010011AC\t0002\t0\t0\t0\t00000000\n";
     fn override_wins() {
         let ip: IpAddr = "192.0.2.9".parse().unwrap();
         assert_eq!(detect(Some(ip)).unwrap(), (ip, IpSource::Override));
+    }
+
+    #[test]
+    fn loopback_and_interface_addresses_are_local_others_not() {
+        assert!(is_local("127.0.0.1".parse().unwrap()));
+        assert!(is_local("127.0.5.9".parse().unwrap()));
+        let (ip, _) = detect(None).expect("this machine has a network");
+        assert!(is_local(ip), "{ip}");
+        // TEST-NET-3 (RFC 5737): never assigned to a real interface.
+        assert!(!is_local("203.0.113.77".parse().unwrap()));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! Thin glue: argv[0] dispatch (`podman` -> shim), the clap CLI, logging
 //! setup, and the mapping of errors to the exit codes of SPEC §11. This is
-//! the only crate that exits.
+//! the only crate that exits: each subcommand returns its exit code or a
+//! typed error, which `main` prints once.
 
 mod cmd;
 mod logging;
@@ -12,6 +13,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use cmd::flags::Flags;
 
 /// The node agent for GPU Ray clusters in containers.
 #[derive(Debug, Parser)]
@@ -24,7 +26,20 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the node (head or worker, from ARGUS_ROLE). The default.
-    Run,
+    ///
+    /// Every setting is an environment variable and, equally, a flag of
+    /// this command (`--role worker` is ARGUS_ROLE=worker; a flag wins).
+    /// `argus-agent config` shows the values in force.
+    Run(Flags),
+    /// Print the effective configuration (value and source) and check it as
+    /// `run` would; exit 78 when it is bad.
+    Config {
+        /// Print as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        flags: Flags,
+    },
     /// Run the GPU preflight checks only and print the verdict.
     Preflight {
         /// Print the verdict as JSON.
@@ -67,20 +82,32 @@ fn main() -> ExitCode {
         return ExitCode::from(cmd::podman::run(argv.into_iter().skip(2).collect()));
     }
 
+    match run() {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            // Once: into the log when the node set logging up, else stderr.
+            if tracing::dispatcher::has_been_set() {
+                tracing::error!("{e}");
+            } else {
+                eprintln!("argus-agent: {e}");
+            }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn run() -> cmd::Outcome {
     // Signals are blocked before any thread exists (clap and logging create
     // none), so every thread inherits the mask.
-    if let Err(e) = argus::supervise::reaper::init() {
-        eprintln!("argus-agent: failed to set up signal handling: {e}");
-        return ExitCode::from(1);
-    }
+    argus::supervise::reaper::init().map_err(cmd::Error::Signals)?;
     let cli = Cli::parse();
-    let code = match cli.command.unwrap_or(Command::Run) {
-        Command::Run => cmd::run::run(),
+    match cli.command.unwrap_or(Command::Run(Flags::default())) {
+        Command::Run(flags) => cmd::run::run(&flags),
+        Command::Config { json, flags } => cmd::config::run(&flags, json),
         Command::Preflight { json } => cmd::preflight::run(json),
         Command::Status { json } => cmd::status::run(json),
         Command::Healthcheck => cmd::status::healthcheck(),
         Command::Head { json } => cmd::head::run(json),
         Command::Podman { .. } => unreachable!("dispatched above"),
-    };
-    ExitCode::from(code)
+    }
 }

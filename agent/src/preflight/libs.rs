@@ -17,7 +17,7 @@ use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 use serde::{Deserialize, Serialize};
 
 use super::{excerpt, Check, Class, Evidence, LibProbe};
-use crate::supervise::{spawn_captured, Exit};
+use crate::supervise::{spawn_captured, Exit, Stop};
 
 /// Set to `libraries` in the environment of `argus-agent preflight` to make
 /// it run only the library probe and print a [`LibReport`] (internal).
@@ -50,20 +50,21 @@ impl LibReport {
     }
 }
 
-/// Runs the library checks per `how`, bounded by `timeout` when in a child.
-pub fn run(how: &LibProbe, timeout: Duration) -> LibReport {
+/// Runs the library checks per `how`, bounded by `timeout` (and ended by
+/// `stop`) when in a child.
+pub fn run(how: &LibProbe, timeout: Duration, stop: &Stop) -> LibReport {
     match how {
         LibProbe::InProcess => probe(),
-        LibProbe::Exec(exe) => run_child(exe, timeout),
+        LibProbe::Exec(exe) => run_child(exe, timeout, stop),
     }
 }
 
-fn run_child(exe: &std::path::Path, timeout: Duration) -> LibReport {
+fn run_child(exe: &std::path::Path, timeout: Duration, stop: &Stop) -> LibReport {
     let mut cmd = Command::new(exe);
     cmd.args(["preflight", "--json"])
         .env(PROBE_ENV, "libraries");
     let command = format!("{PROBE_ENV}=libraries {} preflight --json", exe.display());
-    let cap = match spawn_captured(&mut cmd, timeout) {
+    let cap = match spawn_captured(&mut cmd, timeout, stop) {
         Ok(c) => c,
         Err(e) => {
             return LibReport::both_failed(

@@ -27,7 +27,8 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use crate::config::{Config, ConfigError, PreflightMode};
+use crate::config::{Config, PreflightConfig, PreflightMode};
+use crate::supervise::{Stop, Stopped};
 
 pub use libs::PROBE_ENV;
 
@@ -331,7 +332,7 @@ pub enum LibProbe {
     InProcess,
 }
 
-/// What the preflight needs to know; see [`PreflightOptions::from_env`].
+/// What the preflight needs to know; see [`PreflightOptions::new`].
 #[derive(Debug, Clone)]
 pub struct PreflightOptions {
     pub mode: PreflightMode,
@@ -357,13 +358,20 @@ pub struct PreflightOptions {
 impl PreflightOptions {
     /// Returns the options of the node start path.
     pub fn from_config(cfg: &Config) -> Self {
+        Self::new(&cfg.preflight, &cfg.log.dir, &cfg.state_dir)
+    }
+
+    /// Returns the options from the preflight's settings, the log folder
+    /// (the verdict goes there) and the state folder (the Triton fix goes
+    /// there); the GPU variables come from the environment.
+    pub fn new(pf: &PreflightConfig, log_dir: &Path, state_dir: &Path) -> Self {
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         Self {
-            mode: cfg.preflight,
-            dev_root: cfg.preflight_dev_root.clone(),
-            timeout: cfg.preflight_timeout,
-            log_dir: cfg.log_dir.clone(),
-            fix_dir: cfg.state_dir.join("libcuda"),
+            mode: pf.mode,
+            dev_root: pf.dev_root.clone(),
+            timeout: pf.timeout,
+            log_dir: log_dir.to_path_buf(),
+            fix_dir: state_dir.join("libcuda"),
             nvidia_smi: PathBuf::from("nvidia-smi"),
             visible_devices: std::env::var("NVIDIA_VISIBLE_DEVICES").ok(),
             cuda_visible_devices: env("CUDA_VISIBLE_DEVICES"),
@@ -373,32 +381,6 @@ impl PreflightOptions {
                 Err(_) => LibProbe::InProcess,
             },
         }
-    }
-
-    /// Reads the options for `argus-agent preflight`, which must work
-    /// without ARGUS_ROLE. Only the variables the preflight uses are passed
-    /// to [`Config::from_lookup`] (with a placeholder role), so they are
-    /// validated by exactly the same rules as on the node path, and a bad
-    /// value of an unrelated variable does not stop a preflight.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        const USED: &[&str] = &[
-            "ARGUS_SHARED_ROOT",
-            "ARGUS_LOG_DIR",
-            "ARGUS_STATE_DIR",
-            "ARGUS_PREFLIGHT",
-            "ARGUS_PREFLIGHT_DEV_ROOT",
-            "ARGUS_PREFLIGHT_TIMEOUT_S",
-        ];
-        let cfg = Config::from_lookup(|k| {
-            if k == "ARGUS_ROLE" {
-                Some("worker".into())
-            } else if USED.contains(&k) {
-                std::env::var(k).ok()
-            } else {
-                None
-            }
-        })?;
-        Ok(Self::from_config(&cfg))
     }
 
     fn requested(&self) -> Requested {
@@ -441,15 +423,25 @@ impl PreflightFailure {
     }
 }
 
+/// Why the node start path does not go on after the preflight.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GateError {
+    #[error(transparent)]
+    Failed(#[from] PreflightFailure),
+    /// A stop was requested; the running check was killed.
+    #[error("stopped on request during the GPU preflight")]
+    Stopped(#[from] Stopped),
+}
+
 /// Runs the preflight on the node start path per `cfg.preflight`, writes the
-/// verdict and logs one summary line.
-pub fn gate(cfg: &Config) -> Result<PreflightOutcome, PreflightFailure> {
-    gate_with(&PreflightOptions::from_config(cfg))
+/// verdict and logs one summary line; `stop` ends it early.
+pub fn gate(cfg: &Config, stop: &Stop) -> Result<PreflightOutcome, GateError> {
+    gate_with(&PreflightOptions::from_config(cfg), stop)
 }
 
 /// [`gate`] with explicit options.
-pub fn gate_with(opts: &PreflightOptions) -> Result<PreflightOutcome, PreflightFailure> {
-    let verdict = evaluate(opts);
+pub fn gate_with(opts: &PreflightOptions, stop: &Stop) -> Result<PreflightOutcome, GateError> {
+    let verdict = evaluate(opts, stop)?;
     match write_verdict(&opts.log_dir, &verdict) {
         Ok(path) => tracing::debug!(path = %path.display(), "wrote preflight verdict"),
         Err(e) => {
@@ -467,7 +459,8 @@ pub fn gate_with(opts: &PreflightOptions) -> Result<PreflightOutcome, PreflightF
     } else {
         Err(PreflightFailure {
             verdict: Box::new(verdict),
-        })
+        }
+        .into())
     }
 }
 
@@ -483,8 +476,9 @@ pub fn log_summary(v: &Verdict) {
 }
 
 /// Runs the preflight per `opts.mode` and returns the verdict; writes
-/// nothing except the Triton fix directory.
-pub fn evaluate(opts: &PreflightOptions) -> Verdict {
+/// nothing except the Triton fix directory. A stop request kills the
+/// running check and returns [`Stopped`].
+pub fn evaluate(opts: &PreflightOptions, stop: &Stop) -> Result<Verdict, Stopped> {
     let started = Instant::now();
     let mode = match opts.mode {
         PreflightMode::Auto => "auto",
@@ -512,12 +506,12 @@ pub fn evaluate(opts: &PreflightOptions) -> Verdict {
     match opts.mode {
         PreflightMode::Skip => {
             v.message = "ARGUS_PREFLIGHT=skip".into();
-            return v;
+            return Ok(v);
         }
         PreflightMode::Auto if !opts.gpus_expected() => {
             v.message =
                 "no GPUs expected (NVIDIA_VISIBLE_DEVICES names none, no /dev/nvidiaN)".into();
-            return v;
+            return Ok(v);
         }
         _ => {}
     }
@@ -526,9 +520,15 @@ pub fn evaluate(opts: &PreflightOptions) -> Verdict {
     let t = Instant::now();
     let dev = devices::check(&opts.dev_root, requested).timed(t);
     let t = Instant::now();
-    let smi = smi::run(&opts.nvidia_smi, opts.timeout);
+    let smi = smi::run(&opts.nvidia_smi, opts.timeout, stop);
+    if stop.is_requested() {
+        return Err(Stopped);
+    }
     let smi_check = smi.check.clone().timed(t);
-    let libs = libs::run(&opts.lib_probe, opts.timeout);
+    let libs = libs::run(&opts.lib_probe, opts.timeout, stop);
+    if stop.is_requested() {
+        return Err(Stopped);
+    }
     let nvml = libs.nvml.clone();
     let cuda = libs.cuda.clone();
 
@@ -557,7 +557,7 @@ pub fn evaluate(opts: &PreflightOptions) -> Verdict {
     v.checks = vec![dev, smi_check, nvml, cuda, count_check, triton];
     conclude(&mut v);
     v.elapsed_ms = started.elapsed().as_millis() as u64;
-    v
+    Ok(v)
 }
 
 /// Sets the overall class, exit code, signature and message from the checks:

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::{excerpt, Check, Class, Evidence, Gpu, Status};
-use crate::supervise::{spawn_captured, Exit};
+use crate::supervise::{spawn_captured, Exit, Stop};
 
 /// The name of this check.
 pub const NAME: &str = "nvidia-smi";
@@ -30,11 +30,12 @@ pub struct SmiResult {
 }
 
 /// Runs the query with `program` and classifies the result.
-pub fn run(program: &Path, timeout: Duration) -> SmiResult {
-    let first = query(program, FIELDS, timeout);
+/// A stop request kills the query (the result is then meaningless).
+pub fn run(program: &Path, timeout: Duration, stop: &Stop) -> SmiResult {
+    let first = query(program, FIELDS, timeout, stop);
     let (fields, out) = match &first {
         Ok(c) if c.exit == Some(Exit::Code(2)) && text(c).contains("not a valid field") => {
-            (BASIC_FIELDS, query(program, BASIC_FIELDS, timeout))
+            (BASIC_FIELDS, query(program, BASIC_FIELDS, timeout, stop))
         }
         _ => (FIELDS, first),
     };
@@ -155,11 +156,12 @@ fn query(
     program: &Path,
     fields: &str,
     timeout: Duration,
+    stop: &Stop,
 ) -> std::io::Result<crate::supervise::Captured> {
     let mut cmd = Command::new(program);
     cmd.arg(format!("--query-gpu={fields}"))
         .arg("--format=csv,noheader,nounits");
-    spawn_captured(&mut cmd, timeout)
+    spawn_captured(&mut cmd, timeout, stop)
 }
 
 fn command_line(program: &Path, fields: &str) -> String {

@@ -379,7 +379,7 @@ fn skip_mode_and_auto_without_gpus_do_not_run_checks() {
     crate::supervise::reaper::init().unwrap();
     let d = tempfile::tempdir().unwrap();
     let o = opts(d.path(), PreflightMode::Skip);
-    let out = gate_with(&o).unwrap();
+    let out = gate_with(&o, &Stop::new()).unwrap();
     assert!(!out.verdict.ran && out.verdict.checks.is_empty() && out.env.is_empty());
     assert!(d
         .path()
@@ -388,7 +388,7 @@ fn skip_mode_and_auto_without_gpus_do_not_run_checks() {
         .exists());
     let o = opts(d.path(), PreflightMode::Auto);
     assert!(!o.gpus_expected());
-    assert!(!gate_with(&o).unwrap().verdict.ran);
+    assert!(!gate_with(&o, &Stop::new()).unwrap().verdict.ran);
     make_dev(&d.path().join("root"), 1, true, true);
     assert!(o.gpus_expected());
     let o = PreflightOptions {
@@ -402,7 +402,11 @@ fn skip_mode_and_auto_without_gpus_do_not_run_checks() {
 fn require_mode_on_a_node_without_gpus_fails_with_a_configuration_error() {
     crate::supervise::reaper::init().unwrap();
     let d = tempfile::tempdir().unwrap();
-    let f = gate_with(&opts(d.path(), PreflightMode::Require)).unwrap_err();
+    let Err(GateError::Failed(f)) =
+        gate_with(&opts(d.path(), PreflightMode::Require), &Stop::new())
+    else {
+        panic!("expected a failed preflight");
+    };
     assert_eq!(f.exit_code(), 78, "{f}");
     assert_eq!(f.verdict.checks.len(), 6);
     assert_eq!(
@@ -422,9 +426,10 @@ fn require_mode_on_a_node_without_gpus_fails_with_a_configuration_error() {
 }
 
 #[test]
-fn options_for_the_subcommand_do_not_need_a_role() {
-    // Only the variables the preflight uses are validated: the placeholder
-    // role makes Config accept the rest.
-    let o = PreflightOptions::from_env().unwrap();
+fn options_of_the_node_path_probe_libraries_in_a_child() {
+    let cfg = crate::config::Config::from_lookup(|k| (k == "ARGUS_ROLE").then(|| "worker".into()))
+        .unwrap();
+    let o = PreflightOptions::from_config(&cfg);
     assert!(matches!(o.lib_probe, LibProbe::Exec(_)));
+    assert_eq!(o.fix_dir, PathBuf::from("/run/argus/libcuda"));
 }

@@ -9,6 +9,8 @@
 
 pub mod backoff;
 pub mod reaper;
+pub mod stop;
 pub mod tree;
 
-pub use reaper::{spawn, spawn_captured, Captured, ChildProc, Exit};
+pub use reaper::{spawn, spawn_captured, Captured, ChildProc, Exit, Waited};
+pub use stop::{Stop, Stopped};

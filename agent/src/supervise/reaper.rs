@@ -7,10 +7,11 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
+use std::panic::{self, AssertUnwindSafe};
 use std::process::{Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Mutex, OnceLock};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -18,6 +19,8 @@ use nix::sys::signal::{self, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tracing::{debug, info, warn};
+
+use super::Stop;
 
 /// Signals the agent receives synchronously; all of them are blocked in every
 /// thread and reset to unblocked in children before `exec`.
@@ -87,6 +90,12 @@ fn reaper() -> &'static Reaper {
     })
 }
 
+/// Locks `m` even if a thread panicked while holding it: the reaper must
+/// keep reaping and routing signals whatever a callback did.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Returns the set of handled signals.
 pub fn handled_set() -> SigSet {
     let mut set = SigSet::empty();
@@ -125,10 +134,15 @@ pub fn init() -> io::Result<()> {
     Ok(())
 }
 
+/// Returns true if and only if `sig` asks the agent to stop (SIGTERM, SIGINT).
+pub fn is_stop(sig: Signal) -> bool {
+    matches!(sig, Signal::SIGTERM | Signal::SIGINT)
+}
+
 /// Routes every received signal except SIGCHLD to `sink` from now on;
 /// `sink` returns false when its receiver is gone.
 pub fn route_signals(sink: impl Fn(Signal) -> bool + Send + 'static) {
-    *reaper().signals.lock().unwrap() = Some(Box::new(sink));
+    *lock(&reaper().signals) = Some(Box::new(sink));
 }
 
 fn signal_loop() {
@@ -153,8 +167,13 @@ fn signal_loop() {
             reap_all();
             continue;
         }
-        let delivered = match reaper().signals.lock().unwrap().as_ref() {
-            Some(sink) => sink(sig),
+        let delivered = match lock(&reaper().signals).as_ref() {
+            Some(sink) => {
+                panic::catch_unwind(AssertUnwindSafe(|| sink(sig))).unwrap_or_else(|_| {
+                    warn!(?sig, "the signal receiver panicked");
+                    true
+                })
+            }
             None => false,
         };
         match delivered {
@@ -169,7 +188,7 @@ fn signal_loop() {
 
 /// Reaps every child that has exited, routing statuses of known children.
 fn reap_all() {
-    let mut children = reaper().children.lock().unwrap();
+    let mut children = lock(&reaper().children);
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(pid, code)) => deliver(&mut children, pid, Exit::Code(code)),
@@ -190,7 +209,11 @@ fn reap_all() {
 
 fn deliver(children: &mut HashMap<i32, OnExit>, pid: Pid, exit: Exit) {
     match children.remove(&pid.as_raw()) {
-        Some(f) => f(exit),
+        Some(f) => {
+            if panic::catch_unwind(AssertUnwindSafe(|| f(exit))).is_err() {
+                warn!(pid = pid.as_raw(), %exit, "a child's exit callback panicked");
+            }
+        }
         None => debug!(pid = pid.as_raw(), %exit, "reaped orphan"),
     }
 }
@@ -214,7 +237,7 @@ pub fn spawn_with(
     on_exit: impl FnOnce(Exit) + Send + 'static,
 ) -> io::Result<u32> {
     reset_mask(cmd);
-    let mut children = reaper().children.lock().unwrap();
+    let mut children = lock(&reaper().children);
     let child = cmd.spawn()?;
     let pid = child.id();
     // Dropping a std Child neither waits nor kills; the reaper owns it now.
@@ -223,26 +246,32 @@ pub fn spawn_with(
     Ok(pid)
 }
 
-/// A child started through the reaper.
+/// How a wait for a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    Exited(Exit),
+    /// The timeout passed first.
+    TimedOut,
+    /// A stop was requested first.
+    Stopped,
+}
+
+/// A child started through the reaper. Its exit and a stop request arrive
+/// on one channel (`None` is the stop).
 pub struct ChildProc {
     pid: u32,
-    rx: Receiver<Exit>,
-    exit: Option<Exit>,
-    started: Instant,
+    tx: Sender<Option<Exit>>,
+    rx: Receiver<Option<Exit>>,
 }
 
 /// Spawns `cmd` with its exit status routed through the reaper.
 pub fn spawn(cmd: &mut Command) -> io::Result<ChildProc> {
     let (tx, rx) = mpsc::channel();
+    let on_exit = tx.clone();
     let pid = spawn_with(cmd, move |exit| {
-        let _ = tx.send(exit);
+        let _ = on_exit.send(Some(exit));
     })?;
-    Ok(ChildProc {
-        pid,
-        rx,
-        exit: None,
-        started: Instant::now(),
-    })
+    Ok(ChildProc { pid, tx, rx })
 }
 
 impl ChildProc {
@@ -251,50 +280,37 @@ impl ChildProc {
         self.pid
     }
 
-    /// Returns when the child was started.
-    pub fn started(&self) -> Instant {
-        self.started
-    }
-
-    /// Returns the exit status if the child has exited.
-    pub fn try_wait(&mut self) -> Option<Exit> {
-        if self.exit.is_none() {
-            self.exit = self.rx.try_recv().ok();
+    /// Waits up to `timeout` for the child to exit or for `stop`.
+    pub fn wait_or_stop(&self, timeout: Duration, stop: &Stop) -> Waited {
+        let tx = self.tx.clone();
+        stop.on_request(move || {
+            let _ = tx.send(None);
+        });
+        match self.rx.recv_timeout(timeout) {
+            Ok(Some(exit)) => Waited::Exited(exit),
+            Ok(None) => Waited::Stopped,
+            Err(_) => Waited::TimedOut,
         }
-        self.exit
     }
 
-    /// Waits up to `timeout` for the child to exit.
-    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Exit> {
-        if self.exit.is_none() {
-            match self.rx.recv_timeout(timeout) {
-                Ok(e) => self.exit = Some(e),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {}
-            }
-        }
-        self.exit
-    }
-
-    /// Waits for the child to exit.
-    pub fn wait(&mut self) -> Exit {
+    /// Waits up to `timeout` for the child to exit (stop requests ignored).
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Exit> {
+        let deadline = Instant::now() + timeout;
         loop {
-            if let Some(e) = self.wait_timeout(Duration::from_secs(3600)) {
-                return e;
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(Some(exit)) => return Some(exit),
+                Ok(None) => continue,
+                Err(_) => return None,
             }
         }
     }
 
-    /// Sends `sig` to the child; ESRCH (already gone) is not an error.
-    pub fn signal(&self, sig: Signal) {
-        if self.exit.is_some() {
-            return;
-        }
-        if let Err(e) = signal::kill(Pid::from_raw(self.pid as i32), sig) {
-            if e != Errno::ESRCH {
-                warn!(pid = self.pid, ?sig, error = %e, "failed to signal child");
-            }
-        }
+    /// Kills the child's process group (the child must lead one) with
+    /// SIGKILL and waits up to `timeout` for the child to exit.
+    pub fn kill_group(&self, timeout: Duration) -> Option<Exit> {
+        let _ = signal::killpg(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
+        self.wait_timeout(timeout)
     }
 }
 
@@ -311,17 +327,18 @@ pub struct Captured {
 }
 
 /// Runs `cmd` to completion (stdin null, stdout and stderr captured) with a
-/// timeout, through the reaper. On timeout the child's process group gets
-/// SIGKILL. Output beyond 1 MiB per stream is dropped.
-pub fn spawn_captured(cmd: &mut Command, timeout: Duration) -> io::Result<Captured> {
+/// timeout, through the reaper. On timeout or `stop` the child's process
+/// group gets SIGKILL. Output beyond 1 MiB per stream is dropped.
+pub fn spawn_captured(cmd: &mut Command, timeout: Duration, stop: &Stop) -> io::Result<Captured> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    reset_mask(cmd);
     let (tx, rx) = mpsc::channel();
+    let on_exit = tx.clone();
     let (mut out, mut err, pid) = {
-        let mut children = reaper().children.lock().unwrap();
+        reset_mask(cmd);
+        let mut children = lock(&reaper().children);
         let mut child = cmd.spawn()?;
         let pid = child.id();
         let out = child.stdout.take();
@@ -330,11 +347,12 @@ pub fn spawn_captured(cmd: &mut Command, timeout: Duration) -> io::Result<Captur
         children.insert(
             pid as i32,
             Box::new(move |exit| {
-                let _ = tx.send(exit);
+                let _ = on_exit.send(Some(exit));
             }),
         );
         (out, err, pid)
     };
+    let child = ChildProc { pid, tx, rx };
     let started = Instant::now();
     let read_all = |r: Option<std::process::ChildStdout>| {
         std::thread::spawn(move || {
@@ -353,13 +371,17 @@ pub fn spawn_captured(cmd: &mut Command, timeout: Duration) -> io::Result<Captur
         }
         buf
     });
-    let (exit, timed_out) = match rx.recv_timeout(timeout) {
-        Ok(e) => (Some(e), false),
-        Err(_) => {
-            let _ = signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-            let _ = rx.recv_timeout(Duration::from_secs(2));
+    let (exit, timed_out) = match child.wait_or_stop(timeout, stop) {
+        Waited::Exited(e) => (Some(e), false),
+        Waited::TimedOut => {
+            child.kill_group(Duration::from_secs(2));
             info!(pid, ?timeout, "command timed out and was killed");
             (None, true)
+        }
+        Waited::Stopped => {
+            child.kill_group(Duration::from_secs(2));
+            info!(pid, "command killed: the agent is stopping");
+            (None, false)
         }
     };
     // Descendants holding the pipes open must not block us forever.
@@ -375,11 +397,28 @@ pub fn spawn_captured(cmd: &mut Command, timeout: Duration) -> io::Result<Captur
     })
 }
 
-/// Converts a std exit status (from code that did not use the reaper).
-pub fn exit_from_std(s: std::process::ExitStatus) -> Exit {
-    match (s.code(), s.signal()) {
-        (Some(c), _) => Exit::Code(c),
-        (None, Some(sig)) => Exit::Signal(sig),
-        _ => Exit::Code(1),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reaper_survives_a_panicking_exit_callback_and_a_poisoned_lock() {
+        init().unwrap();
+        // A callback that panics runs on the reaper thread, under the lock.
+        let panicked = spawn_with(&mut Command::new("true"), |_| panic!("callback panics"))
+            .expect("spawn true");
+        // And a thread that dies holding the lock poisons it.
+        let _ = std::thread::spawn(|| {
+            let _held = reaper().children.lock();
+            panic!("poisons the children lock");
+        })
+        .join();
+        assert!(reaper().children.is_poisoned());
+        // The reaper still reaps and delivers exits.
+        let c = spawn(&mut Command::new("true")).unwrap();
+        assert_eq!(c.wait_timeout(Duration::from_secs(10)), Some(Exit::Code(0)));
+        let c = spawn(Command::new("sh").args(["-c", "exit 3"])).unwrap();
+        assert_eq!(c.wait_timeout(Duration::from_secs(10)), Some(Exit::Code(3)));
+        assert!(!lock(&reaper().children).contains_key(&(panicked as i32)));
     }
 }

@@ -1,64 +1,87 @@
 //! `argus-agent` / `argus-agent run`: the node.
 
-use argus::config::Config;
+use argus::config::{Config, Group, Reader, Source};
 use argus::node::{Event, Node};
+use argus::preflight::GateError;
+use argus::supervise::Stop;
 use tracing::{info, warn};
 
+use super::flags::Flags;
+use super::{Error, Outcome};
 use crate::logging;
 
-/// Exit code for bad configuration (sysexits EX_CONFIG).
-pub const EX_CONFIG: u8 = 78;
+/// Reads and checks the whole configuration, as `run` and `config` do:
+/// returns it with the warnings to show.
+pub fn load(flags: &Flags) -> Result<(Config, Vec<String>), Error> {
+    let cfg = Config::read(Reader::new(&flags.0))?;
+    let warnings = cfg.check_host()?;
+    Ok((cfg, warnings))
+}
 
-/// Runs the node; returns the exit code of SPEC §11.
-pub fn run() -> u8 {
+/// Runs the node; returns its exit code (SPEC §11).
+pub fn run(flags: &Flags) -> Outcome {
     // R-CFG-1: validate everything before writing or starting anything.
-    let cfg = match Config::from_env() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("argus-agent: configuration error: {e}");
-            return EX_CONFIG;
-        }
-    };
+    let (cfg, warnings) = load(flags)?;
     let host = hostname::get()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "node".into());
     let log_name = format!("argus-agent-{host}-{}.log", cfg.role);
     if let Some(w) = logging::init(
-        cfg.log_format,
-        &cfg.log_level,
-        Some((&cfg.log_dir, &log_name)),
+        cfg.log.format,
+        &cfg.log.level,
+        Some((&cfg.log.dir, &log_name)),
     ) {
         warn!("{w}");
     }
-    let (ip, source) = match argus::netinfo::detect(cfg.node_ip) {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::error!("{e}");
-            return EX_CONFIG;
-        }
-    };
-    info!(node_ip = %ip, strategy = %source, "node ip chosen");
-    if let Err(e) = std::fs::create_dir_all(&cfg.state_dir) {
-        tracing::error!(dir = %cfg.state_dir.display(), error = %e, "cannot create the state folder (ARGUS_STATE_DIR)");
-        return 1;
+    for w in warnings {
+        warn!("{w}");
     }
-    // Signals that arrive during preflight or the hook wait in the node's
-    // queue; a SIGTERM then stops the node before Ray ever starts.
+    let (ip, source) = argus::netinfo::detect(cfg.node_ip)?;
+    info!(node_ip = %ip, strategy = %source, "node ip chosen");
+    std::fs::create_dir_all(&cfg.state_dir).map_err(|source| Error::StateDir {
+        path: cfg.state_dir.clone(),
+        source,
+    })?;
     let mut node = Node::new(cfg.clone(), ip, source);
+    // Shim variables given as flags reach the shim through Ray's environment.
+    node.add_ray_env(
+        cfg.settings
+            .iter()
+            .filter(|s| s.group == Group::Shim && s.source == Source::Flag)
+            .filter_map(|s| Some((s.name.to_string(), s.value.clone()?)))
+            .collect(),
+    );
+    // SIGTERM/SIGINT during preflight or the hook stop them at once (their
+    // process groups are killed); every signal also waits in the node's
+    // queue, so one that comes later still reaches the node.
+    let stop = Stop::new();
     let events = node.events();
-    argus::supervise::reaper::route_signals(move |sig| events.send(Event::Signal(sig)).is_ok());
-    let outcome = match argus::preflight::gate(&cfg) {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::error!("{e}");
-            return e.exit_code();
+    let on_signal = stop.clone();
+    argus::supervise::reaper::route_signals(move |sig| {
+        if argus::supervise::reaper::is_stop(sig) {
+            on_signal.request();
         }
+        events.send(Event::Signal(sig)).is_ok()
+    });
+    let outcome = match argus::preflight::gate(&cfg, &stop) {
+        Ok(o) => o,
+        Err(GateError::Stopped(_)) => return Ok(stopped("the gpu preflight")),
+        Err(GateError::Failed(e)) => return Err(e.into()),
     };
-    if let Err(e) = argus::hook::run_prestart(&cfg) {
-        tracing::error!("{e}");
-        return e.exit_code();
+    match argus::hook::run_prestart(&cfg.hook, &stop) {
+        Ok(()) => {}
+        Err(argus::hook::HookError::Stopped { .. }) => return Ok(stopped("the prestart hook")),
+        Err(e) => return Err(e.into()),
+    }
+    if stop.is_requested() {
+        return Ok(stopped("start"));
     }
     node.add_ray_env(outcome.env);
-    let code = node.run();
-    code.clamp(0, 255) as u8
+    Ok(node.run().clamp(0, 255) as u8)
+}
+
+/// Logs a stop before Ray started; returns exit code 0.
+fn stopped(during: &str) -> u8 {
+    info!(during, "stopped on request before ray started");
+    0
 }

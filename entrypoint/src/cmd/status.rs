@@ -1,32 +1,24 @@
 //! `argus-agent status [--json]` and `argus-agent healthcheck` (R-OPS-1).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
+use argus::config::{read_state_dir, ConfigError, Reader};
 use argus::status;
 
-fn state_dir() -> PathBuf {
-    std::env::var_os("ARGUS_STATE_DIR")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/run/argus"))
+use super::Outcome;
+
+fn state_dir() -> Result<PathBuf, ConfigError> {
+    read_state_dir(&mut Reader::new(&BTreeMap::new()))
 }
 
 /// Prints this node's status; exit 1 when there is none.
-pub fn run(json: bool) -> u8 {
-    let st = match status::read(&state_dir()) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("argus-agent: {e}");
-            return 1;
-        }
-    };
+pub fn run(json: bool) -> Outcome {
+    let st = status::read(&state_dir()?)?;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&st).expect("status serialises")
-        );
-        return 0;
+        println!("{}", serde_json::to_string_pretty(&st)?);
+        return Ok(0);
     }
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     println!("role:          {}", st.role);
@@ -59,22 +51,24 @@ pub fn run(json: bool) -> u8 {
         println!("next restart:  in {s:.1}s");
     }
     println!("updated at:    {}", st.updated_at);
-    0
+    Ok(0)
 }
 
-/// Exits 0 if and only if the node is healthy.
-pub fn healthcheck() -> u8 {
-    match status::read(&state_dir())
+/// Exits 0 if and only if the node is healthy (1 when not, 78 when
+/// ARGUS_STATE_DIR is bad).
+pub fn healthcheck() -> Outcome {
+    let dir = state_dir()?;
+    match status::read(&dir)
         .map_err(|e| e.to_string())
         .and_then(|s| status::health(&s, SystemTime::now()))
     {
         Ok(()) => {
             println!("healthy");
-            0
+            Ok(0)
         }
         Err(why) => {
             println!("unhealthy: {why}");
-            1
+            Ok(1)
         }
     }
 }

@@ -1,0 +1,99 @@
+//! The stop handle: how a request to stop (SIGTERM/SIGINT) reaches code that
+//! may take long, in the way mini-redis passes its shutdown signal. The
+//! signal route calls [`Stop::request`]; a long step registers a wake-up
+//! with [`Stop::on_request`] and ends early (killing what it started)
+//! instead of letting the signal wait in a queue.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+type Waker = Box<dyn FnOnce() + Send>;
+
+/// A long step ended early because a stop was requested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("stopped on request")]
+pub struct Stopped;
+
+#[derive(Default)]
+struct State {
+    requested: bool,
+    wakers: Vec<Waker>,
+}
+
+/// A cloneable handle: every clone sees the same request.
+#[derive(Clone, Default)]
+pub struct Stop(Arc<Mutex<State>>);
+
+impl std::fmt::Debug for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stop")
+            .field("requested", &self.is_requested())
+            .finish()
+    }
+}
+
+impl Stop {
+    /// Returns a handle with no stop requested.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Requests a stop: wakes every registered waiter once. Later calls do
+    /// nothing.
+    pub fn request(&self) {
+        let wakers = {
+            let mut s = self.state();
+            if s.requested {
+                return;
+            }
+            s.requested = true;
+            std::mem::take(&mut s.wakers)
+        };
+        for w in wakers {
+            w();
+        }
+    }
+
+    /// Returns true if and only if a stop was requested.
+    pub fn is_requested(&self) -> bool {
+        self.state().requested
+    }
+
+    /// Calls `wake` when a stop is requested (at once if it already was).
+    /// `wake` must not block: it typically sends on a channel.
+    pub fn on_request(&self, wake: impl FnOnce() + Send + 'static) {
+        let mut s = self.state();
+        if s.requested {
+            drop(s);
+            wake();
+        } else {
+            s.wakers.push(Box::new(wake));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    #[test]
+    fn waiters_are_woken_once_before_or_after_the_request() {
+        let stop = Stop::new();
+        let (tx, rx) = mpsc::channel();
+        let early = tx.clone();
+        stop.on_request(move || early.send("early").unwrap());
+        assert!(!stop.is_requested());
+        assert!(rx.try_recv().is_err());
+        stop.clone().request();
+        stop.request();
+        assert!(stop.is_requested());
+        let late = tx.clone();
+        stop.on_request(move || late.send("late").unwrap());
+        drop(tx);
+        assert_eq!(rx.iter().collect::<Vec<_>>(), vec!["early", "late"]);
+    }
+}
