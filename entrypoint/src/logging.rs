@@ -30,8 +30,25 @@ where
     }
 }
 
+/// The log file's writer thread, kept until [`flush`].
+static FILE_GUARD: std::sync::Mutex<Option<tracing_appender::non_blocking::WorkerGuard>> =
+    std::sync::Mutex::new(None);
+
+/// Flushes the log file before exit: what is queued is written (bounded:
+/// tracing-appender gives up after about a second on a hung mount).
+pub fn flush() {
+    let guard = FILE_GUARD.lock().unwrap_or_else(|e| e.into_inner()).take();
+    drop(guard);
+}
+
 /// Installs the global subscriber. Returns a warning to log when the log
-/// file cannot be opened (stderr logging goes on).
+/// file cannot be opened (stderr logging goes on). Call [`flush`] before
+/// exiting.
+///
+/// The log folder is usually on the shared storage: the file is written by
+/// its own thread through a bounded, lossy queue, so a hung NFS mount drops
+/// file lines instead of blocking every thread that logs (the event loop
+/// included). Stderr stays synchronous.
 pub fn init(format: LogFormat, level: &str, log_dir: Option<(&Path, &str)>) -> Option<String> {
     let mut warning = None;
     let file = log_dir.and_then(|(dir, name)| {
@@ -42,7 +59,14 @@ pub fn init(format: LogFormat, level: &str, log_dir: Option<(&Path, &str)>) -> O
                 .map_err(std::io::Error::other)
         });
         match appender {
-            Ok(a) => Some(layer(format, level, a)),
+            Ok(a) => {
+                let (writer, g) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+                    .lossy(true)
+                    .thread_name("log-file")
+                    .finish(a);
+                *FILE_GUARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
+                Some(layer(format, level, writer))
+            }
             Err(e) => {
                 warning = Some(format!(
                     "cannot open a log file in {}: {e}; logging to stderr only",

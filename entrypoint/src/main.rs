@@ -82,7 +82,7 @@ fn main() -> ExitCode {
         return ExitCode::from(cmd::podman::run(argv.into_iter().skip(2).collect()));
     }
 
-    match run() {
+    let code = match run() {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             // Once: into the log when the node set logging up, else stderr.
@@ -93,7 +93,9 @@ fn main() -> ExitCode {
             }
             ExitCode::from(e.exit_code())
         }
-    }
+    };
+    logging::flush();
+    code
 }
 
 fn run() -> cmd::Outcome {
