@@ -1,0 +1,245 @@
+//! The Ray run: `ray start --block` as the node's child, its start,
+//! stop and exit. Knows no role beyond the arguments each role needs.
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+use tracing::{debug, error, info, warn};
+
+use crate::status::NodeState;
+use crate::supervise::reaper::{self, Exit};
+use crate::supervise::tree::{self, RayWatch};
+
+use super::{Event, Node, Target, CRASH_LOOP_AFTER};
+
+/// The running `ray start --block`.
+pub(super) struct RayRun {
+    pub(super) run: u64,
+    pub(super) pid: u32,
+    pub(super) started: Instant,
+    pub(super) started_wall: SystemTime,
+    pub(super) watch: RayWatch,
+    /// Head: this start's instance id. Worker: the head's.
+    pub(super) instance_id: String,
+    /// Worker: the head joined.
+    pub(super) target: Option<Target>,
+    /// Head: the GCS accepted a connection and the record is published.
+    pub(super) serving: bool,
+    /// The agent is stopping it on purpose (not a failure).
+    pub(super) stopping: bool,
+}
+
+impl Node {
+    // ---- Ray child -------------------------------------------------------
+
+    pub(super) fn ray_args(&self, target: Option<&Target>) -> Vec<String> {
+        let mut args = vec!["start".to_string()];
+        let has = |flag: &str| {
+            self.cfg
+                .ray_extra_args
+                .iter()
+                .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+        };
+        match target {
+            None => {
+                args.push("--head".into());
+                args.push(format!("--node-ip-address={}", self.ip));
+                args.push(format!("--port={}", self.cfg.ray_port));
+                args.push("--dashboard-host=0.0.0.0".into());
+                args.push(format!("--dashboard-port={}", self.cfg.dashboard_port));
+                // seeds/004 §5.4: the head schedules no work by default.
+                if !has("--num-cpus") {
+                    args.push("--num-cpus=0".into());
+                }
+                if !has("--num-gpus") {
+                    args.push("--num-gpus=0".into());
+                }
+            }
+            Some(t) => {
+                args.push(format!("--address={}", t.address));
+                args.push(format!("--node-ip-address={}", self.ip));
+                if let Some(json) = self.cfg.worker_resources_json() {
+                    if !has("--resources") {
+                        args.push(format!("--resources={json}"));
+                    }
+                }
+            }
+        }
+        args.push("--block".into());
+        args.extend(self.cfg.ray_extra_args.iter().cloned());
+        args
+    }
+
+    /// The head's Ray temp dir (`--temp-dir` or Ray's default).
+    pub(super) fn ray_temp_dir(&self) -> PathBuf {
+        let args = &self.cfg.ray_extra_args;
+        for (i, a) in args.iter().enumerate() {
+            if let Some(v) = a.strip_prefix("--temp-dir=") {
+                return PathBuf::from(v);
+            }
+            if a == "--temp-dir" {
+                if let Some(v) = args.get(i + 1) {
+                    return PathBuf::from(v);
+                }
+            }
+        }
+        PathBuf::from(std::env::var("RAY_TMPDIR").unwrap_or_else(|_| "/tmp".into())).join("ray")
+    }
+
+    pub(super) fn start_ray(&mut self, target: Option<Target>) {
+        if target.is_none() {
+            // `ray start --head` refuses to start when ray_current_cluster
+            // names its address and some local process still carries that
+            // --gcs-address (our previous, dead GCS's workers on a shared
+            // box). This agent stopped its previous Ray, so the file is stale.
+            let _ = std::fs::remove_file(self.ray_temp_dir().join("ray_current_cluster"));
+        }
+        let args = self.ray_args(target.as_ref());
+        self.runs += 1;
+        let run = self.runs;
+        let mut cmd = Command::new(&self.cfg.ray_bin);
+        cmd.args(&args).process_group(0);
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
+        }
+        let tx = self.tx.clone();
+        let instance_id = match &target {
+            Some(t) => t.instance_id.clone(),
+            None => uuid::Uuid::new_v4().simple().to_string(),
+        };
+        match reaper::spawn_with(&mut cmd, move |exit| {
+            let _ = tx.send(Event::RayExited { run, exit });
+        }) {
+            Ok(pid) => {
+                info!(pid, run, ray = %self.cfg.ray_bin, args = ?args, "started ray");
+                let head = target.is_none();
+                self.ray = Some(RayRun {
+                    run,
+                    pid,
+                    started: Instant::now(),
+                    started_wall: SystemTime::now(),
+                    watch: RayWatch::new(head),
+                    instance_id,
+                    target: target.clone(),
+                    serving: false,
+                    stopping: false,
+                });
+                let reason = match &target {
+                    Some(t) => format!("joining head {t}"),
+                    None => "waiting for the GCS port to accept connections".into(),
+                };
+                if head {
+                    self.set_state(NodeState::RayStarting, reason);
+                } else {
+                    self.set_state(NodeState::Running, reason);
+                }
+            }
+            Err(e) => {
+                let code = match e.kind() {
+                    io::ErrorKind::NotFound => 127,
+                    _ => 126,
+                };
+                error!(ray = %self.cfg.ray_bin, error = %e, code, "cannot run ray");
+                self.after_ray_ended(Exit::Code(code), Duration::ZERO, false);
+            }
+        }
+    }
+
+    pub(super) fn on_ray_exit(&mut self, run: u64, exit: Exit) {
+        let Some(r) = self.ray.as_ref().filter(|r| r.run == run) else {
+            debug!(run, %exit, "exit of a ray run already handled");
+            return;
+        };
+        let (pid, ran, on_purpose) = (r.pid, r.started.elapsed(), r.stopping);
+        self.ray = None;
+        // Ray's own children may outlive `ray start` (agents, idle workers).
+        let _ = signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        let swept = tree::sweep_descendants(&mut self.tree, Duration::from_secs(2));
+        if on_purpose {
+            info!(pid, %exit, swept, "ray stopped");
+            return;
+        }
+        warn!(pid, %exit, ran_s = ran.as_secs_f64(), swept, "ray exited unexpectedly");
+        self.after_ray_ended(exit, ran, true);
+    }
+
+    /// Withdraws (head) and schedules the restart with backoff.
+    pub(super) fn after_ray_ended(&mut self, exit: Exit, ran: Duration, count: bool) {
+        self.withdraw();
+        let delay = self.backoff.next_delay(ran, &mut self.rng);
+        self.start_after = Instant::now() + delay;
+        if count {
+            self.restarts += 1;
+        }
+        self.last_exit = Some(format!("{exit} after {:.1}s", ran.as_secs_f64()));
+        let failures = self.backoff.failures();
+        if failures >= CRASH_LOOP_AFTER {
+            warn!(failures, delay_s = delay.as_secs_f64(), last_exit = %exit, "ray is crash-looping; backing off");
+        } else {
+            info!(
+                delay_s = delay.as_secs_f64(),
+                failures, "restarting ray after backoff"
+            );
+        }
+        self.set_state(
+            NodeState::Backoff,
+            format!("ray ended ({exit}); restart in {:.1}s", delay.as_secs_f64()),
+        );
+    }
+
+    /// Stops Ray at once (SIGKILL to its group) and waits for its exit.
+    pub(super) fn stop_ray_now(&mut self, why: &str) {
+        let Some(r) = self.ray.as_mut() else { return };
+        r.stopping = true;
+        let (pid, run) = (r.pid, r.run);
+        info!(pid, why, "stopping ray");
+        let _ = signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        self.wait_ray_exit(run, Duration::from_secs(3));
+    }
+
+    /// Waits for run `run` to exit, keeping other events for later.
+    pub(super) fn wait_ray_exit(&mut self, run: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.ray.as_ref().is_some_and(|r| r.run == run) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            match self.rx.recv_timeout(left) {
+                Ok(Event::RayExited { run: r, exit }) => self.on_ray_exit(r, exit),
+                Ok(Event::Signal(sig @ (Signal::SIGTERM | Signal::SIGINT)))
+                    if self.stop_requested =>
+                {
+                    info!(?sig, "second stop request: killing ray now");
+                    if let Some(r) = &self.ray {
+                        let _ = signal::killpg(Pid::from_raw(r.pid as i32), Signal::SIGKILL);
+                    }
+                }
+                Ok(ev) => self.pending.push_back(ev),
+                Err(_) => {}
+            }
+        }
+        true
+    }
+
+    pub(super) fn watch_ray(&mut self) {
+        let Some(r) = self.ray.as_mut() else { return };
+        self.tree.refresh();
+        let desc = self.tree.descendants(r.pid);
+        if let Some((name, pid)) = r.watch.check(&desc) {
+            warn!(
+                name,
+                pid, "ray daemon died; treating it as the node's death"
+            );
+            let (rpid, run) = (r.pid, r.run);
+            // Give `ray start` no chance to block on: kill the group.
+            let _ = signal::killpg(Pid::from_raw(rpid as i32), Signal::SIGKILL);
+            self.wait_ray_exit(run, Duration::from_secs(3));
+        }
+    }
+}
