@@ -20,9 +20,9 @@ use serde_json::{json, Value};
 
 use super::args::{Command, ShowOpts};
 use super::docker::{self, is_not_found, message};
+use super::labels::LABEL_OWNER;
 use super::policy::{Policy, PolicyError};
 use super::runner;
-use super::translate::LABEL_OWNER;
 use super::ShimError;
 
 /// The podman version the shim answers as.

@@ -4,7 +4,7 @@ use bollard::errors::Error as BollardError;
 use bollard::Docker;
 
 use super::selfid;
-use super::translate::SelfContainer;
+use super::selfid::SelfContainer;
 use super::ShimError;
 
 /// The default daemon address.

@@ -18,8 +18,8 @@ use bollard::query_parameters::{InspectContainerOptions, ListContainersOptionsBu
 use bollard::Docker;
 
 use super::docker::{self, process_start};
+use super::labels::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
 use super::runner::remove;
-use super::translate::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
 use super::ShimError;
 
 /// What a sweep removes.

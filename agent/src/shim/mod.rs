@@ -9,8 +9,10 @@
 //! without cleaning up, and every container is labelled with its owner so
 //! the node agent's janitor can sweep what is left (R-SHIM-4).
 //!
-//! Layout: [`args`] parses, [`translate`] maps podman meaning onto Docker,
-//! [`policy`] refuses dangerous requests, [`selfid`] finds the Ray container,
+//! Layout: [`args`] parses, [`translate`] maps podman meaning onto Docker
+//! (one submodule per group of flags),
+//! [`policy`] refuses dangerous requests, [`selfid`] finds the Ray container
+//! and maps its paths to the host, [`labels`] names the container labels,
 //! [`runner`] drives `run`, [`cmds`] the other subcommands, [`janitor`]
 //! sweeps, [`watchdog`] outlives a killed shim. Only `runner`, `cmds`,
 //! `janitor`, `watchdog` and `docker` touch the socket.
@@ -19,6 +21,7 @@ pub mod args;
 pub mod cmds;
 pub mod docker;
 pub mod janitor;
+pub mod labels;
 pub mod policy;
 pub mod runner;
 pub mod selfid;

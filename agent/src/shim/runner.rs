@@ -26,7 +26,8 @@ use super::args::{PullPolicy, RunOpts};
 use super::docker::{self, is_not_found, message};
 use super::janitor::{self, JanitorScope};
 use super::policy::Policy;
-use super::translate::{self, Context, Copy};
+use super::selfid::{normalize, SelfContainer};
+use super::translate::{self, BindCopy, Context};
 use super::watchdog;
 use super::{ShimError, EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND, EXIT_SHIM};
 
@@ -170,7 +171,7 @@ pub async fn remove(docker: &Docker, id: &str) {
 async fn context(
     docker: &Docker,
     o: &RunOpts,
-    me: Option<translate::SelfContainer>,
+    me: Option<SelfContainer>,
 ) -> Result<Context, ShimError> {
     let runtimes = match &o.runtime {
         Some(_) => {
@@ -186,7 +187,7 @@ async fn context(
     let mut canonical = HashMap::new();
     for v in o.volumes.iter().filter(|v| v.is_path()) {
         let p = cwd.join(&v.source);
-        let c = std::fs::canonicalize(&p).unwrap_or_else(|_| translate::normalize(&p));
+        let c = std::fs::canonicalize(&p).unwrap_or_else(|_| normalize(&p));
         canonical.insert(v.source.clone(), c.display().to_string());
     }
     let mut env_files = HashMap::new();
@@ -258,7 +259,7 @@ pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
 async fn run_created(
     docker: &Docker,
     o: &RunOpts,
-    copies: &[Copy],
+    copies: &[BindCopy],
     id: &str,
 ) -> Result<u8, ShimError> {
     if let Some(f) = &o.cidfile {
@@ -532,7 +533,7 @@ pub fn untar_into(bytes: &[u8], dest: &Path) -> Result<usize, ShimError> {
     Ok(n)
 }
 
-async fn copy_in(docker: &Docker, id: &str, c: &Copy) -> Result<(), ShimError> {
+async fn copy_in(docker: &Docker, id: &str, c: &BindCopy) -> Result<(), ShimError> {
     let bytes = tar_for(Path::new(&c.source), &c.target)?;
     let opts = UploadToContainerOptionsBuilder::new().path("/").build();
     docker
@@ -544,7 +545,7 @@ async fn copy_in(docker: &Docker, id: &str, c: &Copy) -> Result<(), ShimError> {
         )))
 }
 
-async fn copy_back(docker: &Docker, id: &str, c: &Copy) -> Result<(), ShimError> {
+async fn copy_back(docker: &Docker, id: &str, c: &BindCopy) -> Result<(), ShimError> {
     let opts = DownloadFromContainerOptionsBuilder::new()
         .path(&c.target)
         .build();
