@@ -17,9 +17,8 @@ use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::{InspectContainerOptions, ListContainersOptionsBuilder};
 use bollard::Docker;
 
-use super::docker::{self, process_start};
+use super::docker::{self, process_start, remove};
 use super::labels::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
-use super::runner::remove;
 use super::ShimError;
 
 /// What a sweep removes.
@@ -76,7 +75,15 @@ pub fn shim_alive(pid: u32, start: Option<u64>) -> bool {
     }
 }
 
-async fn list(docker: &Docker, label: String) -> Result<Vec<Seen>, ShimError> {
+/// A labelled container: its id, owner and what the janitor judges it by.
+struct Labelled {
+    owner: String,
+    seen: Seen,
+}
+
+/// Lists every container (running or not) that has the label filter
+/// `label` (`key` or `key=value`): the one Docker call of a sweep.
+async fn list(docker: &Docker, label: String) -> Result<Vec<Labelled>, ShimError> {
     let filters = HashMap::from([("label".to_string(), vec![label])]);
     let opts = ListContainersOptionsBuilder::new()
         .all(true)
@@ -93,11 +100,11 @@ async fn list(docker: &Docker, label: String) -> Result<Vec<Seen>, ShimError> {
                 c.state,
                 Some(ContainerSummaryStateEnum::EXITED) | Some(ContainerSummaryStateEnum::DEAD)
             );
-            Seen::from_labels(
-                c.id.unwrap_or_default(),
-                &c.labels.unwrap_or_default(),
-                exited,
-            )
+            let labels = c.labels.unwrap_or_default();
+            Labelled {
+                owner: labels.get(LABEL_OWNER).cloned().unwrap_or_default(),
+                seen: Seen::from_labels(c.id.unwrap_or_default(), &labels, exited),
+            }
         })
         .collect())
 }
@@ -108,15 +115,19 @@ async fn list(docker: &Docker, label: String) -> Result<Vec<Seen>, ShimError> {
 /// with its PID namespace gone they are dead anyway).
 pub async fn sweep(docker: &Docker, owner: &str, scope: JanitorScope) -> Result<usize, ShimError> {
     let mut n = 0;
-    for c in list(docker, format!("{LABEL_OWNER}={owner}")).await? {
-        if doomed(scope, &c, shim_alive) {
+    let mut others = Vec::new();
+    for c in list(docker, LABEL_OWNER.to_string()).await? {
+        if c.owner != owner {
+            others.push(c);
+        } else if doomed(scope, &c.seen, shim_alive) {
+            let c = c.seen;
             tracing::info!(id = %c.id, pid = ?c.pid, ?scope, "removing container of the podman shim");
             remove(docker, &c.id).await;
             n += 1;
         }
     }
     if scope == JanitorScope::DeadShims {
-        n += sweep_orphans(docker, owner).await?;
+        n += sweep_orphans(docker, others).await?;
     }
     Ok(n)
 }
@@ -127,23 +138,12 @@ pub fn orphaned(owner_state: Option<bool>) -> bool {
     owner_state != Some(true)
 }
 
-async fn sweep_orphans(docker: &Docker, me: &str) -> Result<usize, ShimError> {
-    let filters = HashMap::from([("label".to_string(), vec![LABEL_OWNER.to_string()])]);
-    let opts = ListContainersOptionsBuilder::new()
-        .all(true)
-        .filters(&filters)
-        .build();
-    let all = docker
-        .list_containers(Some(opts))
-        .await
-        .map_err(ShimError::docker("list containers"))?;
+async fn sweep_orphans(docker: &Docker, others: Vec<Labelled>) -> Result<usize, ShimError> {
     let mut owners: HashMap<String, Option<bool>> = HashMap::new();
     let mut n = 0;
-    for c in all {
-        let Some(owner) = c.labels.as_ref().and_then(|l| l.get(LABEL_OWNER)).cloned() else {
-            continue;
-        };
-        if owner == me || owner == "host" {
+    for c in others {
+        let owner = c.owner;
+        if owner == "host" {
             continue;
         }
         if !owners.contains_key(&owner) {
@@ -162,7 +162,7 @@ async fn sweep_orphans(docker: &Docker, me: &str) -> Result<usize, ShimError> {
             owners.insert(owner.clone(), state);
         }
         if orphaned(owners[&owner]) {
-            let id = c.id.unwrap_or_default();
+            let id = c.seen.id;
             tracing::info!(%id, %owner, "removing container whose Ray container is gone");
             remove(docker, &id).await;
             n += 1;
@@ -175,7 +175,7 @@ async fn sweep_orphans(docker: &Docker, me: &str) -> Result<usize, ShimError> {
 /// watchdog's sweep after that shim died).
 pub async fn sweep_shim(docker: &Docker, pid: u32, start: u64) -> Result<usize, ShimError> {
     let mut n = 0;
-    for c in list(docker, format!("{LABEL_PID}={pid}")).await? {
+    for Labelled { seen: c, .. } in list(docker, format!("{LABEL_PID}={pid}")).await? {
         if c.start == Some(start) {
             remove(docker, &c.id).await;
             n += 1;

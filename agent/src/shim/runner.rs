@@ -15,8 +15,8 @@ use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
     DownloadFromContainerOptionsBuilder, KillContainerOptionsBuilder,
-    RemoveContainerOptionsBuilder, ResizeContainerTTYOptionsBuilder, StartContainerOptions,
-    UploadToContainerOptionsBuilder, WaitContainerOptionsBuilder,
+    ResizeContainerTTYOptionsBuilder, StartContainerOptions, UploadToContainerOptionsBuilder,
+    WaitContainerOptionsBuilder,
 };
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -154,20 +154,6 @@ async fn create(
         )))
 }
 
-/// Removes container `id` (force, with its anonymous volumes); a container
-/// already gone is fine.
-pub async fn remove(docker: &Docker, id: &str) {
-    let opts = RemoveContainerOptionsBuilder::new()
-        .force(true)
-        .v(true)
-        .build();
-    match docker.remove_container(id, Some(opts)).await {
-        Ok(()) => {}
-        Err(e) if is_not_found(&e) => {}
-        Err(e) => tracing::warn!(id, error = %message(&e), "failed to remove container"),
-    }
-}
-
 async fn context(
     docker: &Docker,
     o: &RunOpts,
@@ -244,13 +230,13 @@ pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
     }
     Policy::from_env(|k| std::env::var(k).ok()).check_run(&o, &plan)?;
     if let (true, Some(name)) = (o.replace, &o.name) {
-        remove(&docker, name).await;
+        docker::remove(&docker, name).await;
     }
     let id = create(&docker, &o, plan.body.clone()).await?;
     let code = run_created(&docker, &o, &plan.copies, &id).await;
     // Detached --rm is Docker's AutoRemove, unless the start failed.
     if o.rm && (!o.detach || !matches!(code, Ok(0))) {
-        remove(&docker, &id).await;
+        docker::remove(&docker, &id).await;
     }
     sweeper.abort();
     code
