@@ -607,3 +607,50 @@ fn run_with_a_tty_merges_stderr_into_stdout() {
     );
     assert!(stderr(&o).is_empty(), "{}", show(&o));
 }
+
+/// Regression (issue 9, item 1): another remover (a janitor, the watchdog,
+/// an operator) removes a `--rm` container while its shim waits on it; the
+/// shim's own removal then finds it gone or being removed, and says nothing.
+#[test]
+fn run_rm_racing_another_remover_stays_silent() {
+    let img = image();
+    let label = unique("rmrace");
+    let child = podman(&[
+        "run",
+        "--rm",
+        "--label",
+        &label,
+        img,
+        "/bin/tool",
+        "sleep",
+        "30",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let id = loop {
+        if let Some(id) = containers_with(&label).pop() {
+            break id;
+        }
+        assert!(Instant::now() < deadline, "the shim created no container");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let removers: Vec<_> = (0..3)
+        .map(|_| {
+            let id = id.clone();
+            std::thread::spawn(move || docker(&["rm", "-f", &id]))
+        })
+        .collect();
+    for r in removers {
+        r.join().unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        !stderr(&o).contains("remove"),
+        "the shim complained about a container another remover took: {}",
+        show(&o)
+    );
+    assert!(containers_with(&label).is_empty());
+}

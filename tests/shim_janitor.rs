@@ -113,3 +113,58 @@ fn janitor_removes_containers_whose_ray_container_is_gone() {
         "the orphan of a gone Ray container is still there"
     );
 }
+
+/// Regression (issue 9, item 1: `shim_docker::run_with_a_tty_merges_stderr_into_stdout`
+/// printed "removal of container … is already in progress"): several
+/// removers race for one container on purpose. With raw API calls the race
+/// shows as 409s; through the shim's `remove` every remover succeeds, and a
+/// container already gone is a success too.
+#[test]
+fn removing_a_container_that_is_being_removed_or_gone_is_success() {
+    use argus::shim::docker::{connect_to, is_removal_in_progress, remove};
+    use bollard::query_parameters::RemoveContainerOptionsBuilder;
+
+    let label = unique("rmrace");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let docker = rt
+        .block_on(connect_to("unix:///var/run/docker.sock"))
+        .unwrap();
+    let force = || Some(RemoveContainerOptionsBuilder::new().force(true).build());
+    // The race, made on purpose: four force-removes of one running container.
+    let mut saw_in_progress = false;
+    for _ in 0..20 {
+        let id = labelled(&label, "rmrace", None, false);
+        let results = rt.block_on(futures_util::future::join_all(
+            (0..4).map(|_| docker.remove_container(&id, force())),
+        ));
+        if results
+            .iter()
+            .any(|r| r.as_ref().is_err_and(is_removal_in_progress))
+        {
+            saw_in_progress = true;
+            break;
+        }
+    }
+    let left = containers_with(&label);
+    force_remove(&left);
+    assert!(
+        saw_in_progress,
+        "20 rounds of concurrent removes never got a 409 'already in progress'"
+    );
+    // The same race through the shim's remove: every remover succeeds.
+    for _ in 0..5 {
+        let id = labelled(&label, "rmrace", None, false);
+        let results = rt.block_on(futures_util::future::join_all(
+            (0..4).map(|_| remove(&docker, &id)),
+        ));
+        assert_eq!(results, vec![true; 4], "a remover of {id} failed");
+        assert!(
+            rt.block_on(remove(&docker, &id)),
+            "a gone container is removed"
+        );
+    }
+    assert!(containers_with(&label).is_empty());
+}
