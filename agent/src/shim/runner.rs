@@ -3,7 +3,7 @@
 //! remove. The shim removes `--rm` containers itself (not AutoRemove), so a
 //! fast container's exit code cannot vanish with it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Component, Path, PathBuf};
@@ -14,7 +14,7 @@ use bollard::errors::Error as BollardError;
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
-    DownloadFromContainerOptionsBuilder, KillContainerOptionsBuilder,
+    DownloadFromContainerOptionsBuilder, InspectContainerOptions, KillContainerOptionsBuilder,
     ResizeContainerTTYOptionsBuilder, StartContainerOptions, UploadToContainerOptionsBuilder,
     WaitContainerOptionsBuilder,
 };
@@ -25,6 +25,7 @@ use tokio::io::AsyncWriteExt;
 use super::args::{PullPolicy, RunOpts};
 use super::docker::{self, is_not_found, message};
 use super::janitor::{self, JanitorScope};
+use super::labels::LABEL_OWNER;
 use super::policy::Policy;
 use super::selfid::{normalize, SelfContainer};
 use super::translate::{self, BindCopy, Context};
@@ -173,7 +174,7 @@ async fn context(
     let mut canonical = HashMap::new();
     for v in o.volumes.iter().filter(|v| v.is_path()) {
         let p = cwd.join(&v.source);
-        let c = std::fs::canonicalize(&p).unwrap_or_else(|_| normalize(&p));
+        let c = canonical_path(&p);
         canonical.insert(v.source.clone(), c.display().to_string());
     }
     let mut env_files = HashMap::new();
@@ -210,11 +211,65 @@ async fn context(
     })
 }
 
+/// Returns the container references of `o` (`container:X` namespaces, the
+/// name `--replace` would remove) that the shim may touch: those labelled
+/// with `owner`, and a `--replace` name that no container has.
+async fn owned_refs(
+    docker: &Docker,
+    o: &RunOpts,
+    owner: &str,
+) -> Result<HashSet<String>, ShimError> {
+    let mut refs: Vec<(&str, bool)> = [&o.network, &o.pid, &o.ipc]
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.strip_prefix("container:"))
+        .map(|c| (c, false))
+        .collect();
+    if let (true, Some(name)) = (o.replace, &o.name) {
+        refs.push((name, true));
+    }
+    let mut owned = HashSet::new();
+    for (r, absent_ok) in refs {
+        match docker
+            .inspect_container(r, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(i) => {
+                let label = i
+                    .config
+                    .and_then(|c| c.labels)
+                    .and_then(|l| l.get(LABEL_OWNER).cloned());
+                if label.as_deref() == Some(owner) {
+                    owned.insert(r.to_string());
+                }
+            }
+            Err(e) if is_not_found(&e) => {
+                if absent_ok {
+                    owned.insert(r.to_string());
+                }
+            }
+            Err(e) => return Err(ShimError::docker(format!("inspect container {r}"))(e)),
+        }
+    }
+    Ok(owned)
+}
+
+/// Returns `p` with symlinks and `..` resolved in this container; lexically
+/// when it does not exist (yet).
+fn canonical_path(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| normalize(p))
+}
+
 /// Runs `podman run` and returns its exit code.
 pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
+    let mut policy = Policy::from_env(|k| std::env::var(k).ok())?;
     let docker = docker::connect().await?;
     let me = docker::whoami(&docker).await?;
+    policy.resolve(me.as_ref(), canonical_path);
     let ctx = context(&docker, &o, me).await?;
+    if !policy.relaxed {
+        policy.owned_refs = owned_refs(&docker, &o, &ctx.owner).await?;
+    }
     // The janitor runs at each shim start, beside the real work.
     let sweeper = {
         let (docker, owner) = (docker.clone(), ctx.owner.clone());
@@ -228,7 +283,13 @@ pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
     for w in &plan.warnings {
         eprintln!("WARNING: {w}");
     }
-    Policy::from_env(|k| std::env::var(k).ok()).check_run(&o, &plan)?;
+    policy.check_run(&o, &plan)?;
+    if policy.relaxed {
+        tracing::warn!(
+            image = %o.image,
+            "ARGUS_SHIM_POLICY=relaxed: this container is not checked against the default policy"
+        );
+    }
     if let (true, Some(name)) = (o.replace, &o.name) {
         docker::remove(&docker, name).await;
     }

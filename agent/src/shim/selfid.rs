@@ -48,6 +48,8 @@ pub struct SelfContainer {
     pub hostname: String,
     pub mounts: Vec<SelfMount>,
     pub gpus: Gpus,
+    /// Host paths of the devices it was given (`--device`).
+    pub devices: Vec<String>,
 }
 
 impl SelfContainer {
@@ -116,6 +118,12 @@ impl SelfContainer {
             hostname: cfg.hostname.unwrap_or_default(),
             mounts,
             gpus,
+            devices: hc
+                .devices
+                .iter()
+                .flatten()
+                .filter_map(|d| d.path_on_host.clone())
+                .collect(),
         }
     }
 }

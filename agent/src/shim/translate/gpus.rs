@@ -10,6 +10,10 @@ use super::{set_env, Context, Plan, TranslateError};
 use crate::shim::args::RunOpts;
 use crate::shim::selfid::Gpus;
 
+/// The most GPUs or devices one container may ask for: checked before any
+/// list is built from a count (`--gpus 18446744073709551615`).
+pub const MAX_DEVICES: usize = 256;
+
 /// Translates `--gpus`, `--runtime` and `--device`.
 pub fn apply_gpus(
     o: &RunOpts,
@@ -62,6 +66,12 @@ pub fn apply_gpus(
             ids.join(",")
         };
         set_env(&mut plan.env, "NVIDIA_VISIBLE_DEVICES", &v);
+    }
+    if o.devices.len() > MAX_DEVICES {
+        return Err(TranslateError::BadValue {
+            flag: "--device".into(),
+            value: format!("{} devices (at most {MAX_DEVICES})", o.devices.len()),
+        });
     }
     if !o.devices.is_empty() {
         let mut devs = Vec::new();
@@ -121,6 +131,12 @@ fn gpu_ids(flag: &str, value: &str, have: &Gpus) -> Result<Option<Vec<String>>, 
         };
     }
     if let Some(devs) = value_s.strip_prefix("device=") {
+        if devs.split(',').count() > MAX_DEVICES {
+            return Err(TranslateError::BadValue {
+                flag: flag.into(),
+                value: format!("{value} (more than {MAX_DEVICES} devices)"),
+            });
+        }
         let wanted: Vec<&str> = devs.split(',').collect();
         let Some(l) = list else {
             return Ok(Some(wanted.iter().map(|s| s.to_string()).collect()));
@@ -140,10 +156,14 @@ fn gpu_ids(flag: &str, value: &str, have: &Gpus) -> Result<Option<Vec<String>>, 
         }
         return Ok(Some(out));
     }
-    let n: usize = value_s.parse().map_err(|_| TranslateError::BadValue {
-        flag: flag.into(),
-        value: value.into(),
-    })?;
+    let n: usize = value_s
+        .parse()
+        .ok()
+        .filter(|n| *n <= MAX_DEVICES)
+        .ok_or_else(|| TranslateError::BadValue {
+            flag: flag.into(),
+            value: value.into(),
+        })?;
     match list {
         None => Ok(Some((0..n).map(|i| i.to_string()).collect())),
         Some(l) if n <= l.len() && n > 0 => Ok(Some(l[..n].to_vec())),
