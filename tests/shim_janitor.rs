@@ -105,11 +105,11 @@ fn janitor_removes_containers_whose_ray_container_is_gone() {
         JanitorScope::DeadShims,
     )
     .unwrap();
-    let left = containers_with(&label);
-    force_remove(&left);
+    let still = left_after_removal(&label, std::slice::from_ref(&orphan));
+    force_remove(&containers_with(&label));
     assert!(n >= 1, "removed {n}");
     assert!(
-        !left.contains(&orphan),
+        still.is_empty(),
         "the orphan of a gone Ray container is still there"
     );
 }
@@ -167,4 +167,101 @@ fn removing_a_container_that_is_being_removed_or_gone_is_success() {
         );
     }
     assert!(containers_with(&label).is_empty());
+}
+
+/// Issue 9, item 7: a node on the host owns its containers under an id of
+/// its own (kept in its state folder), not the shared word `host`: another
+/// host node's stop sweep leaves them alone, its own removes them.
+#[test]
+fn host_nodes_sweep_only_their_own_containers() {
+    use argus::shim::owner::host_owner;
+    let label = unique("hostowner");
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let o = output(
+        podman(&[
+            "run",
+            "-d",
+            "--label",
+            &label,
+            image(),
+            "/bin/tool",
+            "sleep",
+            "60",
+        ])
+        .env("ARGUS_STATE_DIR", b.path())
+        .env("ARGUS_SHIM_SELF_ID", "host"),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let id = stdout(&o).trim().to_string();
+    let owner_b = host_owner(b.path()).unwrap();
+    let o = docker(&[
+        "inspect",
+        "-f",
+        "{{index .Config.Labels \"io.argus.shim.owner\"}}",
+        &id,
+    ]);
+    assert_eq!(
+        stdout(&o).trim(),
+        owner_b,
+        "the shim labels with its node's id"
+    );
+    let owner_a = host_owner(a.path()).unwrap();
+    assert_ne!(owner_a, owner_b);
+    let sock = "unix:///var/run/docker.sock";
+    for scope in [JanitorScope::AllOwned, JanitorScope::DeadShims] {
+        sweep_owner_blocking(sock, Some(&owner_a), scope).unwrap();
+        assert_eq!(
+            containers_with(&label),
+            vec![id.clone()],
+            "{scope:?} sweep of another host node removed it"
+        );
+    }
+    let n = sweep_owner_blocking(sock, Some(&owner_b), JanitorScope::AllOwned).unwrap();
+    let left = left_after_removal(&label, &[id]);
+    force_remove(&left);
+    assert!(
+        n >= 1 && left.is_empty(),
+        "its own node-stop sweep left {left:?}"
+    );
+}
+
+/// Issue 9, item 7: a stopped (restartable) Ray container keeps its engine
+/// containers; once it is removed, any node's sweep removes them.
+#[test]
+fn a_stopped_ray_container_keeps_its_engines_until_it_is_removed() {
+    let label = unique("stoppedray");
+    let o = docker(&[
+        "run",
+        "-d",
+        "--label",
+        &label,
+        image(),
+        "/bin/tool",
+        "sleep",
+        "120",
+    ]);
+    assert!(o.status.success(), "{}", show(&o));
+    let ray = stdout(&o).trim().to_string();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let engine = labelled(&label, &ray, Some(dead), false);
+    let o = docker(&["kill", &ray]);
+    assert!(o.status.success(), "{}", show(&o));
+    let other = unique("othernode");
+    let sock = "unix:///var/run/docker.sock";
+    sweep_owner_blocking(sock, Some(&other), JanitorScope::DeadShims).unwrap();
+    assert!(
+        containers_with(&label).contains(&engine),
+        "the engine of a stopped Ray container was removed"
+    );
+    let o = docker(&["rm", "-f", &ray]);
+    assert!(o.status.success(), "{}", show(&o));
+    sweep_owner_blocking(sock, Some(&other), JanitorScope::DeadShims).unwrap();
+    let left = containers_with(&label);
+    force_remove(&left);
+    assert!(
+        left.is_empty(),
+        "the engine of a removed Ray container is left: {left:?}"
+    );
 }

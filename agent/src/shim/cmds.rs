@@ -129,7 +129,7 @@ struct Scope {
 async fn scope(docker: &Docker) -> Result<Scope, ShimError> {
     let me = docker::whoami(docker).await?;
     Ok(Scope {
-        owner: docker::owner_of(me.as_ref()),
+        owner: super::owner::node_owner(me.as_ref())?,
         relaxed: Policy::from_env(|k| std::env::var(k).ok())?.relaxed,
     })
 }

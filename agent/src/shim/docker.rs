@@ -154,11 +154,6 @@ pub async fn whoami(docker: &Docker) -> Result<Option<SelfContainer>, ShimError>
     })
 }
 
-/// Returns the owner label value: the Ray container's id, or `host`.
-pub fn owner_of(me: Option<&SelfContainer>) -> String {
-    me.map(|m| m.id.clone()).unwrap_or_else(|| "host".into())
-}
-
 /// Returns the start time of process `pid` in clock ticks since boot (field
 /// 22 of `/proc/<pid>/stat`), to tell a live shim from a reused pid.
 pub fn process_start(pid: u32) -> Option<u64> {

@@ -1,9 +1,12 @@
 //! The janitor (SPEC R-SHIM-4): removes the containers the shim created when
 //! their shim is gone, and all of them when the node stops.
 //!
-//! Every container carries the owner (the Ray container's id, or `host`)
+//! Every container carries the owner (this node's id, see `super::owner`)
 //! and, unless detached, the shim's pid and process start time, so a reused
-//! pid is not taken for a live shim. The node agent calls
+//! pid is not taken for a live shim. Only the owner's own sweeps judge
+//! whether a shim lives: they run on the same node, in the PID namespace of
+//! its shims. Other nodes' sweeps remove a container only when its owner,
+//! a Ray container, is gone. The node agent calls
 //! [`sweep_blocking`]; each `podman run` also sweeps at its start, and a
 //! per-run watchdog (`super::watchdog`) removes the container of a shim that
 //! was SIGKILLed.
@@ -19,6 +22,7 @@ use bollard::Docker;
 
 use super::docker::{self, process_start, remove};
 use super::labels::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
+use super::owner;
 use super::ShimError;
 
 /// What a sweep removes.
@@ -26,7 +30,7 @@ use super::ShimError;
 pub enum JanitorScope {
     /// Containers of this owner whose shim process is gone (running or
     /// not; detached containers have no shim and are kept), and containers
-    /// of any owner whose Ray container is gone or stopped.
+    /// of any owner whose Ray container is gone (removed; a stopped one keeps them).
     DeadShims,
     /// Every container of this owner (the node stops).
     AllOwned,
@@ -111,8 +115,8 @@ async fn list(docker: &Docker, label: String) -> Result<Vec<Labelled>, ShimError
 
 /// Sweeps the containers of `owner`; returns how many it removed. A
 /// `DeadShims` sweep also removes orphans: containers whose owning Ray
-/// container is gone or stopped (it cannot sweep them itself any more, and
-/// with its PID namespace gone they are dead anyway).
+/// container is gone (it cannot sweep them itself any more, and with its
+/// PID namespace gone they are dead anyway).
 pub async fn sweep(docker: &Docker, owner: &str, scope: JanitorScope) -> Result<usize, ShimError> {
     let mut n = 0;
     let mut others = Vec::new();
@@ -133,9 +137,11 @@ pub async fn sweep(docker: &Docker, owner: &str, scope: JanitorScope) -> Result<
 }
 
 /// Returns true if and only if a container whose owner is in `state` (None:
-/// no such container; Some(running)) is an orphan.
+/// no such container; Some(running)) is an orphan: its Ray container is
+/// gone. A stopped Ray container may be started again, and its own janitor
+/// then judges its engines (their shims are dead by then).
 pub fn orphaned(owner_state: Option<bool>) -> bool {
-    owner_state != Some(true)
+    owner_state.is_none()
 }
 
 async fn sweep_orphans(docker: &Docker, others: Vec<Labelled>) -> Result<usize, ShimError> {
@@ -143,7 +149,8 @@ async fn sweep_orphans(docker: &Docker, others: Vec<Labelled>) -> Result<usize, 
     let mut n = 0;
     for c in others {
         let owner = c.owner;
-        if owner == "host" {
+        // A host node's id names no container: only that node judges it.
+        if owner::is_host_owner(&owner) {
             continue;
         }
         if !owners.contains_key(&owner) {
@@ -196,8 +203,8 @@ pub fn sweep_blocking_at(addr: &str, scope: JanitorScope) -> anyhow::Result<usiz
     sweep_owner_blocking(addr, None, scope)
 }
 
-/// Sweeps the containers of `owner` (default: this container's id, or
-/// `host`) at `addr`; Ok(0) at once when the unix socket does not exist.
+/// Sweeps the containers of `owner` (default: this node's, see
+/// [`owner::node_owner`]) at `addr`; Ok(0) at once when the unix socket does not exist.
 pub fn sweep_owner_blocking(
     addr: &str,
     owner: Option<&str>,
@@ -217,7 +224,7 @@ pub fn sweep_owner_blocking(
             let docker = docker::connect_to(addr).await?;
             let owner = match owner {
                 Some(o) => o.to_string(),
-                None => docker::owner_of(docker::whoami(&docker).await?.as_ref()),
+                None => owner::node_owner(docker::whoami(&docker).await?.as_ref())?,
             };
             sweep(&docker, &owner, scope).await
         };
@@ -266,9 +273,12 @@ mod tests {
     }
 
     #[test]
-    fn containers_of_a_gone_or_stopped_owner_are_orphans() {
+    fn only_containers_of_a_gone_owner_are_orphans() {
         assert!(orphaned(None));
-        assert!(orphaned(Some(false)));
+        assert!(
+            !orphaned(Some(false)),
+            "a stopped Ray container keeps its engines"
+        );
         assert!(!orphaned(Some(true)));
     }
 

@@ -22,6 +22,7 @@ pub mod cmds;
 pub mod docker;
 pub mod janitor;
 pub mod labels;
+pub mod owner;
 pub mod policy;
 pub mod runner;
 pub mod selfid;

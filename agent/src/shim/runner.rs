@@ -26,6 +26,7 @@ use super::args::{PullPolicy, RunOpts};
 use super::docker::{self, is_not_found, message};
 use super::janitor::{self, JanitorScope};
 use super::labels::LABEL_OWNER;
+use super::owner;
 use super::policy::Policy;
 use super::selfid::{normalize, SelfContainer};
 use super::translate::{self, BindCopy, Context};
@@ -185,7 +186,7 @@ async fn context(
         })?;
         env_files.insert(f.clone(), text);
     }
-    let owner = docker::owner_of(me.as_ref());
+    let owner = owner::node_owner(me.as_ref())?;
     let pid = std::process::id();
     Ok(Context {
         me,
