@@ -87,9 +87,9 @@ impl ShimError {
 
 /// Runs the shim with the arguments after `podman` and returns the exit
 /// code. Must be called before any other thread exists: an attached `run`
-/// forks its watchdog first.
+/// forks its watchdog first. The caller installs the log subscriber (the
+/// shim logs at `ARGUS_SHIM_LOG`, [`LOG_ENV`]).
 pub fn run(args: Vec<OsString>) -> u8 {
-    init_logging();
     let args: Vec<String> = args
         .into_iter()
         .map(|a| a.to_string_lossy().into_owned())
@@ -132,14 +132,7 @@ fn fail(e: &ShimError) -> u8 {
     EXIT_SHIM
 }
 
-/// Logs to stderr at the level of `ARGUS_SHIM_LOG` (default: warn), so the
-/// worker's log files only get warnings and errors.
-fn init_logging() {
-    let filter = std::env::var("ARGUS_SHIM_LOG").unwrap_or_else(|_| "warn".into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .without_time()
-        .try_init();
-}
+/// The variable that holds the shim's log filter (tracing syntax; the
+/// binary's default is `warn`, so the worker's log files only get warnings
+/// and errors).
+pub const LOG_ENV: &str = "ARGUS_SHIM_LOG";

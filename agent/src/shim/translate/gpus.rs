@@ -156,14 +156,21 @@ fn gpu_ids(flag: &str, value: &str, have: &Gpus) -> Result<Option<Vec<String>>, 
         }
         return Ok(Some(out));
     }
-    let n: usize = value_s
-        .parse()
-        .ok()
-        .filter(|n| *n <= MAX_DEVICES)
-        .ok_or_else(|| TranslateError::BadValue {
-            flag: flag.into(),
-            value: value.into(),
-        })?;
+    let n: usize = match value_s.parse() {
+        Ok(n) if n <= MAX_DEVICES => n,
+        Ok(_) => {
+            return Err(TranslateError::BadValue {
+                flag: flag.into(),
+                value: format!("{value} (at most {MAX_DEVICES})"),
+            })
+        }
+        Err(_) => {
+            return Err(TranslateError::BadValue {
+                flag: flag.into(),
+                value: value.into(),
+            })
+        }
+    };
     match list {
         None => Ok(Some((0..n).map(|i| i.to_string()).collect())),
         Some(l) if n <= l.len() && n > 0 => Ok(Some(l[..n].to_vec())),

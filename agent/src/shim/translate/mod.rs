@@ -433,6 +433,19 @@ mod tests {
             dr(&["run", "--gpus", "x", "i"]),
             Err(TranslateError::BadValue { .. })
         ));
+        // Counts are bounded before any list is built (issue 9, item 8).
+        let all = ctx(None);
+        for v in ["257", "18446744073709551615", "99999999999999999999999"] {
+            assert!(
+                matches!(
+                    translate(&run_opts(&["run", "--gpus", v, "i"]), &all),
+                    Err(TranslateError::BadValue { .. })
+                ),
+                "{v}"
+            );
+        }
+        let many = format!("device={}", vec!["0"; 300].join(","));
+        assert!(translate(&run_opts(&["run", "--gpus", &many, "i"]), &all).is_err());
         let plan = translate(
             &run_opts(&["run", "-e", "NVIDIA_VISIBLE_DEVICES=all", "i"]),
             &c,
