@@ -699,7 +699,7 @@ pub const RUN_FLAGS: &[FlagDef] = {
         flag("name", None, V, Allowed),
         flag("replace", None, B, Checked("owned-containers-only")),
         flag("env", Some('e'), V, Checked("no-job-policy")),
-        flag("env-file", None, V, Checked("no-job-policy")),
+        flag("env-file", None, V, Allowed),
         flag("env-host", None, B, Mapped),
         flag("http-proxy", None, B, Mapped),
         flag("tz", None, V, Mapped),
@@ -1287,6 +1287,47 @@ pub(crate) mod tests {
         assert_eq!(unquote("K='a'b'"), "K='a'b'");
     }
 
+    /// docs/shim.md's flag table lists exactly [`RUN_FLAGS`], each with its
+    /// rule and its short form.
+    #[test]
+    fn docs_flag_table_matches_the_flag_definitions() {
+        let path = format!("{}/../docs/shim.md", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let section = text
+            .split("## Flags of `podman run`")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("docs/shim.md has a section 'Flags of `podman run`'");
+        let mut documented = std::collections::BTreeMap::new();
+        for line in section.lines().filter(|l| l.starts_with("| `-")) {
+            let cells: Vec<&str> = line.split(" | ").collect();
+            let names: Vec<&str> = cells[0]
+                .trim_start_matches("| ")
+                .split(", ")
+                .map(|n| n.trim_matches('`'))
+                .collect();
+            documented.insert(
+                names[0].to_string(),
+                (names[1..].join(","), cells[1].to_string()),
+            );
+        }
+        let defined: std::collections::BTreeMap<String, (String, String)> = RUN_FLAGS
+            .iter()
+            .map(|f| {
+                let mut other: Vec<String> = f.alias.iter().map(|a| format!("--{a}")).collect();
+                other.extend(f.short.map(|c| format!("-{c}")));
+                (
+                    format!("--{}", f.long),
+                    (other.join(","), f.rule.describe()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            documented, defined,
+            "docs/shim.md's flag table and RUN_FLAGS differ"
+        );
+    }
+
     proptest::proptest! {
         #[test]
         fn arbitrary_argv_never_panics(argv in proptest::collection::vec(
@@ -1299,6 +1340,7 @@ pub(crate) mod tests {
                     "--gpus".into(), "device=0,x".into(), "--userns=keep-id:uid=".into(), "--shm-size".into(),
                     "1.5g".into(), "--entrypoint".into(), "[\"a\"".into(), "--ipc=host".into(), "--device".into(),
                     "/a:/b:c:d".into(), "--tmpfs".into(), "/t:size=1m".into(), "--cpus".into(), "NaN".into(),
+                    "--mount".into(), "type=bind,src=x,dst=/y,ro".into(), "type=tmpfs,tmpfs-size=1m".into(),
                 ]),
             ],
             0..12,
