@@ -120,6 +120,9 @@ pub struct RunOpts {
     pub detach_keys: Option<String>,
     /// Podman-only flags that were accepted without effect, for a warning.
     pub ignored: Vec<String>,
+    /// Long names of the [`RUN_FLAGS`] in effect (the last of a repeated
+    /// flag; a boolean only when true), for the policy.
+    pub given: Vec<&'static str>,
 }
 
 /// Options of the commands that list or show things.
@@ -1004,6 +1007,14 @@ pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
             // Podman global flags (e.g. Ray's --cgroup-manager=cgroupfs):
             // they configure podman itself and mean nothing on Docker.
             _ => o.ignored.push(f.shown.clone()),
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for f in flags.iter().rev() {
+        if let Some(def) = run_flag(&f.name) {
+            if seen.insert(def.long) && (def.kind == Kind::Value || bool_value(f)?) {
+                o.given.push(def.long);
+            }
         }
     }
     let positional = &args[first..];

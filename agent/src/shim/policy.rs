@@ -24,7 +24,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use super::args::{RunOpts, Volume};
+use super::args::{run_flag, Rule, RunOpts, Volume};
 use super::labels::LABEL_PREFIX;
 use super::selfid::{normalize, to_host, HostPath, SelfContainer};
 use super::translate::Plan;
@@ -32,10 +32,11 @@ use super::translate::Plan;
 /// A refusal, or a bad policy setting; the message names the rule.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PolicyError {
-    #[error(
-        "policy: --privileged is refused (rule no-privileged; ARGUS_SHIM_POLICY=relaxed lifts it)"
-    )]
-    Privileged,
+    #[error("policy: --{flag} is refused (rule {rule}; ARGUS_SHIM_POLICY=relaxed lifts it)")]
+    Refused {
+        flag: &'static str,
+        rule: &'static str,
+    },
     #[error("policy: --cap-add {0} is refused (rule capabilities: only ARGUS_SHIM_ALLOWED_CAPS may be added; ARGUS_SHIM_POLICY=relaxed lifts it)")]
     CapAdd(String),
     #[error("policy: binding {path} (host {host}) is refused (rule {rule}; ARGUS_SHIM_POLICY=relaxed lifts it)")]
@@ -63,6 +64,21 @@ pub enum PolicyError {
         why: &'static str,
     },
 }
+
+/// The rules [`Policy::check_run`] checks flag by flag: each
+/// `Rule::Checked` of the flag table names one of these (a test holds the
+/// two together); `Rule::Refused` flags are refused from the table itself.
+pub const CHECKED_RULES: &[&str] = &[
+    "owned-containers-only",
+    "no-job-policy",
+    "binds",
+    "namespaces",
+    "userns",
+    "capabilities",
+    "security-opt",
+    "devices",
+    "no-shim-labels",
+];
 
 /// Bind sources allowed by default (paths in the Ray container): Ray's temp
 /// dir, the probe's temp folders (`TMPDIR`), the shared root and the model
@@ -227,8 +243,11 @@ impl Policy {
         if self.relaxed {
             return Ok(());
         }
-        if o.privileged {
-            return Err(PolicyError::Privileged);
+        // The flags the table refuses outright; the checked ones below.
+        for name in &o.given {
+            if let Some(Rule::Refused(rule)) = run_flag(name).map(|f| f.rule) {
+                return Err(PolicyError::Refused { flag: name, rule });
+            }
         }
         if let Some(c) = o
             .cap_add
@@ -264,13 +283,6 @@ impl Policy {
             }
         }
         self.check_namespaces(o)?;
-        if o.cgroup_parent.is_some() {
-            return Err(refuse(
-                "--cgroup-parent",
-                o.cgroup_parent.as_deref().unwrap_or(""),
-                "no-cgroup-parent",
-            ));
-        }
         if let Some(l) = o.labels.iter().find(|l| l.starts_with(LABEL_PREFIX)) {
             return Err(refuse("--label", l, "no-shim-labels"));
         }
@@ -610,7 +622,7 @@ mod tests {
             Err(PolicyError::Bind { rule, .. }) | Err(PolicyError::Flag { rule, .. }) => {
                 rule.to_string()
             }
-            Err(PolicyError::Privileged) => "no-privileged".into(),
+            Err(PolicyError::Refused { rule, .. }) => rule.into(),
             Err(PolicyError::CapAdd(_)) => "capabilities".into(),
             Err(e) => e.to_string(),
             Ok(()) => "ok".into(),
@@ -691,6 +703,40 @@ mod tests {
             Err(PolicyError::JobPolicy {
                 name: "ARGUS_SHIM_POLICY".into()
             })
+        );
+    }
+
+    #[test]
+    fn every_checked_rule_of_the_flag_table_is_checked_here() {
+        use crate::shim::args::RUN_FLAGS;
+        let used: HashSet<&str> = RUN_FLAGS
+            .iter()
+            .filter_map(|f| match f.rule {
+                Rule::Checked(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        let known: HashSet<&str> = CHECKED_RULES.iter().copied().collect();
+        assert_eq!(used, known);
+        // A refused flag is refused by the table alone, as given.
+        let p = strict();
+        assert_eq!(
+            rule_of(check(&p, &["run", "--privileged=false", "i"])),
+            "ok"
+        );
+        assert_eq!(
+            rule_of(check(
+                &p,
+                &["run", "--privileged", "--privileged=false", "i"]
+            )),
+            "ok"
+        );
+        assert_eq!(
+            rule_of(check(
+                &p,
+                &["run", "--privileged=false", "--privileged", "i"]
+            )),
+            "no-privileged"
         );
     }
 
