@@ -163,6 +163,19 @@ fn detached_run_and_the_other_subcommands() {
 
     let o = output(&mut podman(&["container", "exists", &name]));
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    // Joining the namespaces of a container this node owns is allowed.
+    let ns = format!("container:{name}");
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        "--pid",
+        &ns,
+        "--network",
+        &ns,
+        img,
+        "true",
+    ]));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let o = output(&mut podman(&[
         "inspect",
         "--format",
@@ -295,14 +308,23 @@ fn subcommands_refuse_containers_the_shim_does_not_own() {
     let o = docker(&["create", "--name", &name, img, "true"]);
     assert!(o.status.success(), "{}", show(&o));
     let _g = scopeguard(vec![name.clone()]);
+    let pid_ns = format!("container:{name}");
     for args in [
         vec!["rm", "-f", &name],
         vec!["kill", &name],
         vec!["logs", &name],
+        vec!["run", "--rm", "--replace", "--name", &name, img, "true"],
+        vec!["run", "--rm", "--pid", &pid_ns, img, "true"],
+        vec!["run", "--rm", "--network", &pid_ns, img, "true"],
     ] {
         let o = output(&mut podman(&args));
         assert_eq!(o.status.code(), Some(125), "{args:?}: {}", show(&o));
-        assert!(stderr(&o).contains("owned-containers-only"), "{}", show(&o));
+        let rule = if args.contains(&"--replace") || args[0] != "run" {
+            "owned-containers-only"
+        } else {
+            "namespaces"
+        };
+        assert!(stderr(&o).contains(rule), "{}", show(&o));
     }
     assert!(
         docker(&["inspect", &name]).status.success(),
