@@ -617,6 +617,32 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
         );
     }
 
+    // The image_uri form (no run_options, so no model cache) under the
+    // shim's default policy.
+    let script = job_script(&engine_image("stub-b"), &cache, mount, "uri");
+    let out = output(Command::new("docker").args([
+        "exec",
+        &c.container("head"),
+        "timeout",
+        "600",
+        "python",
+        "-c",
+        &script,
+    ]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "image_uri job failed\n--- stdout\n{stdout}\n--- stderr\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    log(&format!("image_uri job with engine stub-b: {r}"));
+    assert_eq!(
+        (r["answer"].as_i64(), r["version"].as_str()),
+        (Some(42), Some("stub-b"))
+    );
+
     // SIGKILL of the Ray worker (the shim process) -> its engine container goes.
     let script = job_script(&engine_image("stub-a"), &cache, mount, "sleep");
     let mut driver = Command::new("docker")
@@ -749,7 +775,7 @@ import json, os, socket, time
 import ray
 ip = socket.gethostbyname(socket.gethostname())
 ray.init(address=f"{{ip}}:{{os.environ.get('ARGUS_RAY_PORT', '6379')}}", log_to_driver=False)
-env = {{"container": {{"image": "{image}", "run_options": ["-v", "{cache}:{mount}:ro"]}}}}
+env = {{"image_uri": "{image}"}} if "{mode}" == "uri" else {{"container": {{"image": "{image}", "run_options": ["-v", "{cache}:{mount}:ro"]}}}}
 
 @ray.remote(runtime_env=env, resources={{"worker_node": 1}})
 def task(x, mode):

@@ -163,6 +163,19 @@ fn detached_run_and_the_other_subcommands() {
 
     let o = output(&mut podman(&["container", "exists", &name]));
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    // Joining the namespaces of a container this node owns is allowed.
+    let ns = format!("container:{name}");
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        "--pid",
+        &ns,
+        "--network",
+        &ns,
+        img,
+        "true",
+    ]));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let o = output(&mut podman(&[
         "inspect",
         "--format",
@@ -295,14 +308,23 @@ fn subcommands_refuse_containers_the_shim_does_not_own() {
     let o = docker(&["create", "--name", &name, img, "true"]);
     assert!(o.status.success(), "{}", show(&o));
     let _g = scopeguard(vec![name.clone()]);
+    let pid_ns = format!("container:{name}");
     for args in [
         vec!["rm", "-f", &name],
         vec!["kill", &name],
         vec!["logs", &name],
+        vec!["run", "--rm", "--replace", "--name", &name, img, "true"],
+        vec!["run", "--rm", "--pid", &pid_ns, img, "true"],
+        vec!["run", "--rm", "--network", &pid_ns, img, "true"],
     ] {
         let o = output(&mut podman(&args));
         assert_eq!(o.status.code(), Some(125), "{args:?}: {}", show(&o));
-        assert!(stderr(&o).contains("owned-containers-only"), "{}", show(&o));
+        let rule = if args.contains(&"--replace") || args[0] != "run" {
+            "owned-containers-only"
+        } else {
+            "namespaces"
+        };
+        assert!(stderr(&o).contains(rule), "{}", show(&o));
     }
     assert!(
         docker(&["inspect", &name]).status.success(),
@@ -314,11 +336,54 @@ fn subcommands_refuse_containers_the_shim_does_not_own() {
 fn each_policy_refusal_is_one_line_125_and_creates_nothing() {
     let img = image();
     let label = unique("policy");
+    // A folder under TMPDIR (allowed) with links out of it.
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path().display().to_string();
+    std::os::unix::fs::symlink("/var/lib", tmp.path().join("varlib")).unwrap();
+    std::os::unix::fs::symlink("/", tmp.path().join("root")).unwrap();
+    let via_link = format!("{t}/varlib:/x");
+    let via_link_mount = format!("type=bind,src={t}/varlib,dst=/x");
+    let via_dots = format!("{t}/../../var/lib:/x");
+    let via_root_link = format!("{t}/root/etc:/x");
+    let up = "../".repeat(32);
+    let relative = format!("{up}var/lib:/x");
+    let relative_mount = format!("type=bind,source={up}var/lib,target=/x");
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--privileged"], "no-privileged"),
-        (vec!["--cap-add", "ALL"], "no-cap-add-all"),
+        (vec!["--cap-add", "ALL"], "capabilities"),
+        (vec!["--cap-add", "SYS_ADMIN"], "capabilities"),
+        (vec!["--security-opt", "seccomp=unconfined"], "security-opt"),
+        (
+            vec!["--security-opt", "apparmor=unconfined"],
+            "security-opt",
+        ),
+        (vec!["--userns=host"], "userns"),
+        (vec!["--device", "/dev/vda"], "devices"),
+        (vec!["--device", "/dev/nvidia0/../vda"], "devices"),
+        (vec!["--pid", "container:argus-nobody"], "namespaces"),
+        (vec!["--network", "container:argus-nobody"], "namespaces"),
+        (vec!["--cgroup-parent", "/"], "no-cgroup-parent"),
+        (vec!["-v", "/var/lib:/vl"], "binds"),
+        (vec!["--mount", "type=bind,src=/var/lib,dst=/vl"], "binds"),
+        (vec!["-v", &via_link], "binds"),
+        (vec!["--mount", &via_link_mount], "binds"),
+        (vec!["-v", &via_dots], "binds"),
+        (vec!["-v", &via_root_link], "no-etc-bind"),
+        (vec!["-v", &relative], "binds"),
+        (vec!["--mount", &relative_mount], "binds"),
+        (
+            vec![
+                "--mount",
+                "type=bind,src=/tmp,dst=/x,bind-propagation=rshared",
+            ],
+            "bind-propagation",
+        ),
         (
             vec!["-v", "/var/run/docker.sock:/var/run/docker.sock"],
+            "no-docker-socket-bind",
+        ),
+        (
+            vec!["--mount", "type=bind,src=/var/run/docker.sock,dst=/s"],
             "no-docker-socket-bind",
         ),
         (vec!["-v", "/:/host"], "no-host-root-bind"),
@@ -341,7 +406,51 @@ fn each_policy_refusal_is_one_line_125_and_creates_nothing() {
             "{flags:?} should name {rule}: {}",
             show(&o)
         );
+        assert!(containers_with(&label).is_empty(), "{flags:?} created one");
     }
+    // A typo in the policy switch is refused, naming it.
+    let o = output(podman(&["run", "--rm", img, "true"]).env("ARGUS_SHIM_POLICY", "relax"));
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(stderr(&o).contains("ARGUS_SHIM_POLICY"), "{}", show(&o));
+    // The allowed forms run.
+    std::fs::write(tmp.path().join("in"), "x").unwrap();
+    let bind = format!("{t}:/x:ro");
+    let mount = format!("type=bind,source={t},target=/x,readonly");
+    for flags in [
+        vec!["-v", &bind],
+        vec!["--mount", &mount],
+        vec!["--mount", "type=tmpfs,destination=/t,tmpfs-size=1m"],
+        vec!["--mount", "type=volume,dst=/v"],
+        vec!["-v", "/anon"],
+        vec!["--tmpfs", "/t"],
+        vec!["--security-opt", "no-new-privileges", "--cap-drop", "ALL"],
+        vec![
+            "--userns=keep-id",
+            "--network=host",
+            "--pid=host",
+            "--ipc=host",
+        ],
+    ] {
+        let mut args = vec!["run", "--rm", "--label", &label];
+        args.extend(flags.iter().copied());
+        args.extend([img, "true"]);
+        let o = output(&mut podman(&args));
+        assert_eq!(o.status.code(), Some(0), "{flags:?}: {}", show(&o));
+    }
+    let o = output(
+        podman(&[
+            "run",
+            "--rm",
+            "--label",
+            &label,
+            "--cap-add",
+            "net_admin",
+            img,
+            "true",
+        ])
+        .env("ARGUS_SHIM_ALLOWED_CAPS", "NET_ADMIN"),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     // The allow-list, and the relax switch.
     let o = output(
         podman(&["run", "--rm", "--label", &label, img, "true"])
@@ -479,7 +588,8 @@ fn inside_a_container_ray_worker_flags_translate_binds_and_share_the_pid_namespa
     assert!(!stdout(&o).contains("podman"), "{}", show(&o));
 
     // Writes through the translated bind reach the host.
-    let bind = format!("{}:/data", host_dir.path().display());
+    // (/private is the default shared root: allowed by default.)
+    let bind = format!("{}:/private", host_dir.path().display());
     let o = inside(
         &[bind],
         &[
@@ -487,7 +597,7 @@ fn inside_a_container_ray_worker_flags_translate_binds_and_share_the_pid_namespa
             "run",
             "--rm",
             "-v",
-            "/data:/out",
+            "/private:/out",
             img,
             "/bin/tool",
             "write",
@@ -606,4 +716,51 @@ fn run_with_a_tty_merges_stderr_into_stdout() {
         show(&o)
     );
     assert!(stderr(&o).is_empty(), "{}", show(&o));
+}
+
+/// Regression (issue 9, item 1): another remover (a janitor, the watchdog,
+/// an operator) removes a `--rm` container while its shim waits on it; the
+/// shim's own removal then finds it gone or being removed, and says nothing.
+#[test]
+fn run_rm_racing_another_remover_stays_silent() {
+    let img = image();
+    let label = unique("rmrace");
+    let child = podman(&[
+        "run",
+        "--rm",
+        "--label",
+        &label,
+        img,
+        "/bin/tool",
+        "sleep",
+        "30",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let id = loop {
+        if let Some(id) = containers_with(&label).pop() {
+            break id;
+        }
+        assert!(Instant::now() < deadline, "the shim created no container");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let removers: Vec<_> = (0..3)
+        .map(|_| {
+            let id = id.clone();
+            std::thread::spawn(move || docker(&["rm", "-f", &id]))
+        })
+        .collect();
+    for r in removers {
+        r.join().unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        !stderr(&o).contains("remove"),
+        "the shim complained about a container another remover took: {}",
+        show(&o)
+    );
+    assert!(containers_with(&label).is_empty());
 }

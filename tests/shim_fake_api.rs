@@ -368,3 +368,214 @@ fn ps_is_scoped_to_the_owner_label() {
         "{query}"
     );
 }
+
+/// Flag groups for the property test: what Ray and engine jobs use, and
+/// every escape of issue 11 in its spellings (`-v`, `--mount`, `..`,
+/// relative paths, `container:` of a foreign container).
+const FLAG_POOL: &[&[&str]] = &[
+    &["-v", "/tmp/ray:/tmp/ray"],
+    &["-v", "named:/n"],
+    &["--tmpfs", "/t:size=1m"],
+    &["--network=host"],
+    &["--pid=host"],
+    &["--ipc=host"],
+    &["--uts=host"],
+    &["--userns=keep-id"],
+    &["--cap-drop", "ALL"],
+    &["--security-opt", "no-new-privileges"],
+    &["--security-opt", "label=disable"],
+    &["--device", "/dev/nvidia0"],
+    &["--device", "nvidia.com/gpu=0"],
+    &["--mount", "type=bind,src=/tmp/ray/x,dst=/x,readonly"],
+    &["--mount", "type=volume,src=v,dst=/v"],
+    &["--gpus", "1"],
+    &["-e", "A=1"],
+    &["--label", "a=b"],
+    &["--privileged"],
+    &["--cap-add", "SYS_ADMIN"],
+    &["--cap-add", "ALL"],
+    &["--cap-add", "cap_sys_ptrace"],
+    &["--security-opt", "seccomp=unconfined"],
+    &["--security-opt", "apparmor=unconfined"],
+    &["--userns=host"],
+    &["--device", "/dev/vda"],
+    &["--device", "/dev/nvidia0/../vda:/dev/x"],
+    &["--device", "vendor.example/x=1"],
+    &["-v", "/var/lib:/vl"],
+    &["-v", "/:/h"],
+    &["-v", "/data:/d"],
+    &["-v", "/tmp/ray/../../etc:/e"],
+    &["-v", "tmp/../../var/lib:/r"],
+    &["-v", "/var/run/docker.sock:/s"],
+    &["--mount", "type=bind,src=/var/lib,dst=/vl"],
+    &[
+        "--mount",
+        "type=bind,source=/tmp/ray,target=/x,bind-propagation=rshared",
+    ],
+    &["-v", "/tmp/ray:/x:shared"],
+    &["--network", "container:abc"],
+    &["--pid", "container:abc"],
+    &["--ipc", "container:abc"],
+    &["--network", "othernet"],
+    &["--cgroupns", "host"],
+    &["--cgroup-parent", "/x"],
+    &["--label", "io.argus.shim.owner=x"],
+    &["-e", "ARGUS_SHIM_POLICY=relaxed"],
+];
+
+/// Returns what in a create body lies outside the default policy, judged
+/// from the body alone (not with the shim's own policy code).
+fn outside_policy(body: &Value, my_id: &str) -> Vec<String> {
+    let hc = &body["HostConfig"];
+    let mut bad = Vec::new();
+    let strs = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    if hc["Privileged"] == true {
+        bad.push("privileged".into());
+    }
+    if !strs(&hc["CapAdd"]).is_empty() {
+        bad.push(format!("CapAdd {}", hc["CapAdd"]));
+    }
+    for s in strs(&hc["SecurityOpt"]) {
+        if !(s.starts_with("label") || s.starts_with("no-new-privileges")) {
+            bad.push(format!("SecurityOpt {s}"));
+        }
+    }
+    if hc["UsernsMode"].as_str().is_some_and(|u| !u.is_empty()) {
+        bad.push(format!("UsernsMode {}", hc["UsernsMode"]));
+    }
+    for d in hc["Devices"].as_array().into_iter().flatten() {
+        let p = d["PathOnHost"].as_str().unwrap_or("");
+        if p.contains("..") || !(p.starts_with("/dev/nvidia") || p.starts_with("/dev/dri/")) {
+            bad.push(format!("Device {p}"));
+        }
+    }
+    for r in hc["DeviceRequests"].as_array().into_iter().flatten() {
+        if r["Driver"] == "cdi"
+            && strs(&r["DeviceIDs"])
+                .iter()
+                .any(|d| !d.starts_with("nvidia.com/gpu="))
+        {
+            bad.push(format!("CDI {}", r["DeviceIDs"]));
+        }
+    }
+    // The fixture's Ray temp dir and TMPDIR (/tmp, a volume) on the host.
+    let roots = [
+        "/tmp/argus-shim-fixture/ray-tmp",
+        "/var/lib/docker/volumes/raytmp/_data",
+    ];
+    for b in strs(&hc["Binds"]) {
+        let parts: Vec<&str> = b.split(':').collect();
+        if parts[0].starts_with('/')
+            && !roots
+                .iter()
+                .any(|r| std::path::Path::new(parts[0]).starts_with(r))
+        {
+            bad.push(format!("Bind {b}"));
+        }
+        if parts.len() > 2
+            && parts[2]
+                .split(',')
+                .any(|o| matches!(o, "shared" | "rshared" | "slave" | "rslave"))
+        {
+            bad.push(format!("Bind propagation {b}"));
+        }
+        if b.contains("..") {
+            bad.push(format!("Bind with .. {b}"));
+        }
+    }
+    let joinable = format!("container:{my_id}");
+    for key in ["NetworkMode", "PidMode", "IpcMode", "UTSMode"] {
+        let m = hc[key].as_str().unwrap_or("");
+        if ![
+            "",
+            "host",
+            "bridge",
+            "none",
+            "private",
+            "shareable",
+            joinable.as_str(),
+        ]
+        .contains(&m)
+        {
+            bad.push(format!("{key} {m}"));
+        }
+    }
+    if hc["CgroupnsMode"] == "host" {
+        bad.push("CgroupnsMode host".into());
+    }
+    if hc["CgroupParent"].as_str().is_some_and(|c| !c.is_empty()) {
+        bad.push(format!("CgroupParent {}", hc["CgroupParent"]));
+    }
+    if body["Labels"]["io.argus.shim.owner"] != my_id {
+        bad.push(format!(
+            "owner label {}",
+            body["Labels"]["io.argus.shim.owner"]
+        ));
+    }
+    let env = strs(&body["Env"]);
+    if let Some(e) = env.iter().find(|e| e.starts_with("ARGUS_SHIM_")) {
+        bad.push(format!("Env {e}"));
+    }
+    bad
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 48,
+        failure_persistence: None,
+        ..Default::default()
+    })]
+
+    /// Issue 11: whatever flags a job combines, nothing outside the default
+    /// policy reaches a create call.
+    #[test]
+    fn nothing_outside_the_policy_reaches_a_create_call(
+        picks in proptest::collection::vec(proptest::sample::select(FLAG_POOL), 1..6)
+    ) {
+        let fake = FakeDocker::start();
+        let my_id = fixture_inspect()["Id"].as_str().unwrap().to_string();
+        let mut args = vec!["run", "-d"];
+        for p in &picks {
+            args.extend(p.iter().copied());
+        }
+        args.push("img");
+        let o = fake.podman(&args);
+        let creates = fake.creates();
+        for c in &creates {
+            let bad = outside_policy(&c.body, &my_id);
+            proptest::prop_assert!(bad.is_empty(), "{args:?} created {bad:?}: {}", show(&o));
+        }
+        if creates.is_empty() {
+            proptest::prop_assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+        }
+    }
+}
+
+/// The allowed half of the pool, all at once, does reach the create call
+/// (so the property above is not won by refusing everything).
+#[test]
+fn allowed_flags_together_reach_a_create_call_inside_the_policy() {
+    let fake = FakeDocker::start();
+    let my_id = fixture_inspect()["Id"].as_str().unwrap().to_string();
+    let mut args = vec!["run", "-d"];
+    for p in &FLAG_POOL[..18] {
+        args.extend(p.iter().copied());
+    }
+    args.push("img");
+    let o = fake.podman(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let creates = fake.creates();
+    assert_eq!(creates.len(), 1, "{}", show(&o));
+    assert_eq!(
+        outside_policy(&creates[0].body, &my_id),
+        Vec::<String>::new()
+    );
+}

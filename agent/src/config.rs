@@ -271,6 +271,9 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_SHIM_ALLOWED_IMAGES", S, Kind::Text, Unset("(any)"), "comma-separated image patterns the shim may run"),
     var("ARGUS_SHIM_LOG", S, Kind::Text, Unset("warn"), "the shim's log filter"),
     var("ARGUS_SHIM_SELF_ID", S, Kind::Text, Unset("(found)"), "id of the Ray container when the shim cannot find it"),
+    var("ARGUS_SHIM_ALLOWED_BINDS", S, Kind::Text, Unset("(Ray temp dirs, shared root, model cache)"), "colon-separated host folders engine containers may bind"),
+    var("ARGUS_SHIM_ALLOWED_CAPS", S, Kind::Text, Unset("(none)"), "comma-separated capabilities `--cap-add` may add"),
+    var("ARGUS_SHIM_OWNER", S, Kind::Text, Unset("(Ray container id, or host-<id> in ARGUS_STATE_DIR)"), "owner label of this node's engine containers"),
 ];
 
 /// Returns the table row of `name`.

@@ -81,3 +81,16 @@ pub fn init(format: LogFormat, level: &str, log_dir: Option<(&Path, &str)>) -> O
     tracing_subscriber::registry().with(layers).init();
     warning
 }
+
+/// Installs the shim's subscriber: stderr only, no time (Ray's log lines
+/// carry their own), at the filter in `ARGUS_SHIM_LOG` (default `warn`).
+pub fn init_shim() {
+    let filter = std::env::var(argus::shim::LOG_ENV).unwrap_or_else(|_| "warn".into());
+    let _ = fmt()
+        .with_env_filter(EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .without_time()
+        .try_init();
+}

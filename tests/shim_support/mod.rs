@@ -11,6 +11,14 @@ use std::sync::OnceLock;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_argus-agent");
 
+/// Returns the state folder of this test process's shims: its own, so
+/// that their owner id (a host node's, `$ARGUS_STATE_DIR/shim-owner`) is
+/// not shared with other test processes or agents on this daemon.
+pub fn state_dir() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
+}
+
 /// Returns `argus-agent podman ARGS…` with a clean shim environment.
 pub fn podman(args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
@@ -20,6 +28,7 @@ pub fn podman(args: &[&str]) -> Command {
             c.env_remove(k);
         }
     }
+    c.env("ARGUS_STATE_DIR", state_dir());
     c.stdin(Stdio::null());
     c
 }
@@ -195,5 +204,22 @@ pub fn force_remove(ids: &[String]) {
         let mut args = vec!["rm", "-f"];
         args.extend(ids.iter().map(String::as_str));
         let _ = docker(&args);
+    }
+}
+
+/// Waits (up to 60 s) until none of `ids` is left among the containers
+/// labelled `label`, and returns those still there: a container that
+/// another remover is removing is listed until its removal completes.
+pub fn left_after_removal(label: &str, ids: &[String]) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let left: Vec<String> = containers_with(label)
+            .into_iter()
+            .filter(|c| ids.contains(c))
+            .collect();
+        if left.is_empty() || std::time::Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }

@@ -50,9 +50,11 @@ impl Volume {
         self.options.iter().any(|o| o == "ro")
     }
 
-    /// Returns true if and only if the source is a path (not a named volume).
+    /// Returns true if and only if the source is a path (not a named
+    /// volume): absolute, or relative (`./x`, `x/y`), which Docker would not
+    /// take for a volume name.
     pub fn is_path(&self) -> bool {
-        self.source.starts_with('/') || self.source.starts_with('.')
+        self.source.starts_with('/') || self.source.starts_with('.') || self.source.contains('/')
     }
 }
 
@@ -118,6 +120,9 @@ pub struct RunOpts {
     pub detach_keys: Option<String>,
     /// Podman-only flags that were accepted without effect, for a warning.
     pub ignored: Vec<String>,
+    /// Long names of the [`RUN_FLAGS`] in effect (the last of a repeated
+    /// flag; a boolean only when true), for the policy.
+    pub given: Vec<&'static str>,
 }
 
 /// Options of the commands that list or show things.
@@ -245,8 +250,8 @@ const IGNORED_GLOBALS: &[&str] = &[
 const IGNORED_GLOBAL_BOOLS: &[&str] = &["syslog", "remote", "noout", "log-driver-syslog"];
 
 /// Kinds of flag values.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
     Bool,
     Value,
 }
@@ -633,43 +638,158 @@ fn parse_logs(rest: &[String]) -> Result<Command, ArgsError> {
     })
 }
 
+/// How the shim and its policy treat a `run` flag (docs/shim.md's flag
+/// table lists the same, and a test holds the two together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Passed on with the meaning podman and Docker share.
+    Allowed,
+    /// Translated to keep podman's meaning on Docker.
+    Mapped,
+    /// Allowed only in the forms the named policy rule permits.
+    Checked(&'static str),
+    /// Refused by the default policy (the named rule).
+    Refused(&'static str),
+    /// Always refused: podman-only, no Docker equivalent.
+    Unsupported,
+}
+
+impl Rule {
+    /// Returns the rule as docs/shim.md's flag table spells it.
+    pub fn describe(self) -> String {
+        match self {
+            Rule::Allowed => "allowed".into(),
+            Rule::Mapped => "mapped".into(),
+            Rule::Checked(r) => format!("checked ({r})"),
+            Rule::Refused(r) => format!("refused ({r})"),
+            Rule::Unsupported => "refused (unsupported)".into(),
+        }
+    }
+}
+
+/// One `podman run` flag: its names, whether it takes a value, and its rule.
+#[derive(Debug, Clone, Copy)]
+pub struct FlagDef {
+    pub long: &'static str,
+    /// Other long spellings (`--net` for `--network`).
+    pub alias: Option<&'static str>,
+    pub short: Option<char>,
+    pub kind: Kind,
+    pub rule: Rule,
+}
+
+const fn flag(long: &'static str, short: Option<char>, kind: Kind, rule: Rule) -> FlagDef {
+    FlagDef {
+        long,
+        alias: None,
+        short,
+        kind,
+        rule,
+    }
+}
+
+/// Every `podman run` flag the shim knows: the one definition the parser,
+/// the policy and the documentation read. Podman's global flags (see
+/// [`IGNORED_GLOBALS`]) are accepted besides, and ignored.
+pub const RUN_FLAGS: &[FlagDef] = {
+    use Kind::{Bool as B, Value as V};
+    use Rule::*;
+    &[
+        flag("rm", None, B, Mapped),
+        flag("detach", Some('d'), B, Allowed),
+        flag("interactive", Some('i'), B, Allowed),
+        flag("tty", Some('t'), B, Allowed),
+        flag("name", None, V, Allowed),
+        flag("replace", None, B, Checked("owned-containers-only")),
+        flag("env", Some('e'), V, Checked("no-job-policy")),
+        flag("env-file", None, V, Allowed),
+        flag("env-host", None, B, Mapped),
+        flag("http-proxy", None, B, Mapped),
+        flag("tz", None, V, Mapped),
+        flag("volume", Some('v'), V, Checked("binds")),
+        flag("mount", None, V, Checked("binds")),
+        flag("tmpfs", None, V, Allowed),
+        FlagDef {
+            alias: Some("net"),
+            ..flag("network", None, V, Checked("namespaces"))
+        },
+        flag("pid", None, V, Checked("namespaces")),
+        flag("ipc", None, V, Checked("namespaces")),
+        flag("uts", None, V, Checked("namespaces")),
+        flag("cgroupns", None, V, Checked("namespaces")),
+        flag("userns", None, V, Checked("userns")),
+        flag("user", Some('u'), V, Allowed),
+        flag("group-add", None, V, Mapped),
+        flag("privileged", None, B, Refused("no-privileged")),
+        flag("cap-add", None, V, Checked("capabilities")),
+        flag("cap-drop", None, V, Allowed),
+        flag("security-opt", None, V, Checked("security-opt")),
+        flag("device", None, V, Checked("devices")),
+        flag("gpus", None, V, Mapped),
+        flag("runtime", None, V, Mapped),
+        flag("cgroup-parent", None, V, Refused("no-cgroup-parent")),
+        flag("label", Some('l'), V, Checked("no-shim-labels")),
+        flag("entrypoint", None, V, Allowed),
+        flag("workdir", Some('w'), V, Allowed),
+        flag("hostname", Some('h'), V, Mapped),
+        flag("publish", Some('p'), V, Mapped),
+        flag("publish-all", Some('P'), B, Mapped),
+        flag("add-host", None, V, Mapped),
+        flag("dns", None, V, Mapped),
+        flag("shm-size", None, V, Allowed),
+        flag("memory", Some('m'), V, Allowed),
+        flag("cpus", None, V, Allowed),
+        flag("cpuset-cpus", None, V, Allowed),
+        flag("pids-limit", None, V, Allowed),
+        flag("ulimit", None, V, Allowed),
+        flag("init", None, B, Allowed),
+        flag("read-only", None, B, Allowed),
+        flag("restart", None, V, Allowed),
+        flag("stop-signal", None, V, Allowed),
+        flag("stop-timeout", None, V, Allowed),
+        flag("log-driver", None, V, Allowed),
+        flag("log-opt", None, V, Allowed),
+        flag("pull", None, V, Mapped),
+        flag("quiet", Some('q'), B, Allowed),
+        flag("sig-proxy", None, B, Mapped),
+        flag("platform", None, V, Allowed),
+        flag("cidfile", None, V, Allowed),
+        flag("detach-keys", None, V, Allowed),
+        flag("systemd", None, V, Unsupported),
+        flag("no-hosts", None, B, Unsupported),
+        flag("rmi", None, B, Unsupported),
+        flag("pod", None, V, Unsupported),
+        flag("sdnotify", None, V, Unsupported),
+        flag("help", None, B, Unsupported),
+    ]
+};
+
+/// Returns the definition of the `run` flag `name` (long name or alias).
+pub fn run_flag(name: &str) -> Option<&'static FlagDef> {
+    RUN_FLAGS
+        .iter()
+        .find(|f| f.long == name || f.alias == Some(name))
+}
+
 /// Long names of the `run` flags and whether they take a value.
 fn run_kind(n: &str) -> Option<Kind> {
-    use Kind::*;
-    Some(match n {
-        "rm" | "detach" | "interactive" | "tty" | "privileged" | "init" | "read-only"
-        | "env-host" | "http-proxy" | "quiet" | "sig-proxy" | "replace" | "publish-all"
-        | "systemd" | "no-hosts" | "rmi" | "help" => Bool,
-        "name" | "env" | "env-file" | "volume" | "tmpfs" | "network" | "net" | "pid" | "ipc"
-        | "uts" | "userns" | "user" | "group-add" | "runtime" | "gpus" | "device"
-        | "entrypoint" | "workdir" | "label" | "cap-add" | "cap-drop" | "security-opt"
-        | "shm-size" | "hostname" | "memory" | "cpus" | "pids-limit" | "stop-signal"
-        | "stop-timeout" | "publish" | "add-host" | "dns" | "pull" | "platform" | "cidfile"
-        | "ulimit" | "restart" | "cgroupns" | "cgroup-parent" | "cpuset-cpus" | "log-driver"
-        | "log-opt" | "detach-keys" | "tz" | "pod" | "sdnotify" => Value,
-        n if IGNORED_GLOBALS.contains(&n) => Value,
-        n if IGNORED_GLOBAL_BOOLS.contains(&n) => Bool,
-        _ => return None,
-    })
+    if let Some(f) = run_flag(n) {
+        return Some(f.kind);
+    }
+    if IGNORED_GLOBALS.contains(&n) {
+        Some(Kind::Value)
+    } else if IGNORED_GLOBAL_BOOLS.contains(&n) {
+        Some(Kind::Bool)
+    } else {
+        None
+    }
 }
 
 fn run_short(c: char) -> Option<&'static str> {
-    Some(match c {
-        'd' => "detach",
-        'i' => "interactive",
-        't' => "tty",
-        'e' => "env",
-        'v' => "volume",
-        'u' => "user",
-        'w' => "workdir",
-        'l' => "label",
-        'm' => "memory",
-        'p' => "publish",
-        'h' => "hostname",
-        'q' => "quiet",
-        'P' => "publish-all",
-        _ => return None,
-    })
+    RUN_FLAGS
+        .iter()
+        .find(|f| f.short == Some(c))
+        .map(|f| f.long)
 }
 
 /// Parses `-v SRC:DST[:OPTS]`.
@@ -711,6 +831,84 @@ pub fn parse_volume(spec: &str) -> Result<Volume, ArgsError> {
     })
 }
 
+/// What one `--mount` adds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mount {
+    /// A bind or a named (or anonymous) volume, as `-v` would give it.
+    Volume(Volume),
+    /// A tmpfs, as `--tmpfs DST[:OPTS]` would give it.
+    Tmpfs(String),
+}
+
+/// Parses `--mount type=bind|volume|tmpfs,source=…,target=…,…` into what
+/// `-v` or `--tmpfs` would give, so that both go through the same
+/// translation and policy.
+pub fn parse_mount(spec: &str) -> Result<Mount, ArgsError> {
+    let bad = || ArgsError::BadValue {
+        flag: "--mount".into(),
+        value: spec.into(),
+    };
+    let unsupported = |k: &str| ArgsError::Unsupported {
+        flag: "--mount".into(),
+        value: k.into(),
+    };
+    let mut kind = None;
+    let (mut source, mut target) = (String::new(), None);
+    let mut options = Vec::new();
+    let mut tmpfs = Vec::new();
+    for kv in spec.split(',').filter(|s| !s.is_empty()) {
+        let (k, v) = match kv.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (kv, None),
+        };
+        match (k, v) {
+            ("type", Some(t)) => kind = Some(t.to_string()),
+            ("source" | "src", Some(v)) => source = v.to_string(),
+            ("target" | "dst" | "destination", Some(v)) => target = Some(v.to_string()),
+            ("readonly" | "ro", None | Some("true" | "1")) => options.push("ro".to_string()),
+            ("readonly" | "ro", Some("false" | "0")) => {}
+            ("bind-propagation", Some(p)) => options.push(p.to_string()),
+            ("volume-nocopy", None | Some("true")) => options.push("nocopy".to_string()),
+            ("relabel", Some(_)) | ("z" | "Z", None) | ("consistency", Some(_)) => {}
+            ("tmpfs-size", Some(v)) => tmpfs.push(format!("size={v}")),
+            ("tmpfs-mode", Some(v)) => tmpfs.push(format!("mode={v}")),
+            _ => return Err(unsupported(k)),
+        }
+    }
+    let target = target.filter(|t| t.starts_with('/')).ok_or_else(bad)?;
+    match kind.as_deref() {
+        Some("bind") if !source.is_empty() => {
+            if !source.starts_with('/') && !source.starts_with('.') {
+                source = format!("./{source}");
+            }
+        }
+        Some("volume") if !source.contains('/') && !source.starts_with('.') => {}
+        Some("tmpfs") if source.is_empty() && options.is_empty() => {
+            return Ok(Mount::Tmpfs(if tmpfs.is_empty() {
+                target
+            } else {
+                format!("{target}:{}", tmpfs.join(","))
+            }));
+        }
+        Some(t @ ("bind" | "volume" | "tmpfs")) => {
+            return Err(ArgsError::BadValue {
+                flag: format!("--mount type={t}"),
+                value: spec.into(),
+            })
+        }
+        Some(other) => return Err(unsupported(&format!("type={other}"))),
+        None => return Err(bad()),
+    }
+    if !tmpfs.is_empty() {
+        return Err(bad());
+    }
+    Ok(Mount::Volume(Volume {
+        source,
+        target,
+        options,
+    }))
+}
+
 /// Parses the arguments after `podman run`.
 pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
     let (flags, first) = split_flags(args, &run_kind, &run_short)?;
@@ -739,6 +937,10 @@ pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
             "env" => o.env.push(unquote(&value(f)?)),
             "env-file" => o.env_files.push(value(f)?),
             "volume" => o.volumes.push(parse_volume(&unquote(&value(f)?))?),
+            "mount" => match parse_mount(&unquote(&value(f)?))? {
+                Mount::Volume(v) => o.volumes.push(v),
+                Mount::Tmpfs(t) => o.tmpfs.push(t),
+            },
             "tmpfs" => o.tmpfs.push(value(f)?),
             "network" | "net" => o.network = Some(value(f)?),
             "pid" => o.pid = Some(value(f)?),
@@ -805,6 +1007,14 @@ pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
             // Podman global flags (e.g. Ray's --cgroup-manager=cgroupfs):
             // they configure podman itself and mean nothing on Docker.
             _ => o.ignored.push(f.shown.clone()),
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for f in flags.iter().rev() {
+        if let Some(def) = run_flag(&f.name) {
+            if seen.insert(def.long) && (def.kind == Kind::Value || bool_value(f)?) {
+                o.given.push(def.long);
+            }
         }
     }
     let positional = &args[first..];
@@ -1088,6 +1298,47 @@ pub(crate) mod tests {
         assert_eq!(unquote("K='a'b'"), "K='a'b'");
     }
 
+    /// docs/shim.md's flag table lists exactly [`RUN_FLAGS`], each with its
+    /// rule and its short form.
+    #[test]
+    fn docs_flag_table_matches_the_flag_definitions() {
+        let path = format!("{}/../docs/shim.md", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let section = text
+            .split("## Flags of `podman run`")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("docs/shim.md has a section 'Flags of `podman run`'");
+        let mut documented = std::collections::BTreeMap::new();
+        for line in section.lines().filter(|l| l.starts_with("| `-")) {
+            let cells: Vec<&str> = line.split(" | ").collect();
+            let names: Vec<&str> = cells[0]
+                .trim_start_matches("| ")
+                .split(", ")
+                .map(|n| n.trim_matches('`'))
+                .collect();
+            documented.insert(
+                names[0].to_string(),
+                (names[1..].join(","), cells[1].to_string()),
+            );
+        }
+        let defined: std::collections::BTreeMap<String, (String, String)> = RUN_FLAGS
+            .iter()
+            .map(|f| {
+                let mut other: Vec<String> = f.alias.iter().map(|a| format!("--{a}")).collect();
+                other.extend(f.short.map(|c| format!("-{c}")));
+                (
+                    format!("--{}", f.long),
+                    (other.join(","), f.rule.describe()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            documented, defined,
+            "docs/shim.md's flag table and RUN_FLAGS differ"
+        );
+    }
+
     proptest::proptest! {
         #[test]
         fn arbitrary_argv_never_panics(argv in proptest::collection::vec(
@@ -1100,6 +1351,7 @@ pub(crate) mod tests {
                     "--gpus".into(), "device=0,x".into(), "--userns=keep-id:uid=".into(), "--shm-size".into(),
                     "1.5g".into(), "--entrypoint".into(), "[\"a\"".into(), "--ipc=host".into(), "--device".into(),
                     "/a:/b:c:d".into(), "--tmpfs".into(), "/t:size=1m".into(), "--cpus".into(), "NaN".into(),
+                    "--mount".into(), "type=bind,src=x,dst=/y,ro".into(), "type=tmpfs,tmpfs-size=1m".into(),
                 ]),
             ],
             0..12,

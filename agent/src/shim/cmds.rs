@@ -20,10 +20,10 @@ use serde_json::{json, Value};
 
 use super::args::{Command, ShowOpts};
 use super::docker::{self, is_not_found, message};
+use super::labels::LABEL_OWNER;
 use super::policy::{Policy, PolicyError};
 use super::runner;
-use super::translate::LABEL_OWNER;
-use super::ShimError;
+use super::{ShimError, EXIT_SHIM};
 
 /// The podman version the shim answers as.
 pub const PODMAN_VERSION: &str = "4.9.3";
@@ -129,26 +129,32 @@ struct Scope {
 async fn scope(docker: &Docker) -> Result<Scope, ShimError> {
     let me = docker::whoami(docker).await?;
     Ok(Scope {
-        owner: docker::owner_of(me.as_ref()),
-        relaxed: Policy::from_env(|k| std::env::var(k).ok()).relaxed,
+        owner: super::owner::node_owner(me.as_ref())?,
+        relaxed: Policy::from_env(|k| std::env::var(k).ok())?.relaxed,
     })
 }
 
-/// Resolves `name` to an owned container id; Ok(None) when there is none.
-/// Resolves `names` to the ids of containers this shim owns, with the exit
-/// code so far: a name that is not owned is reported (unless `ignore`) and
-/// makes it 1.
-async fn resolve_owned(
+/// Applies `op` to each container of `names` this shim owns, printing the
+/// name of each one done, and returns podman's exit code: 0, 1 when a name
+/// is not found (unless `ignore`), 125 when `op` failed (the highest wins).
+/// A name the shim does not own refuses the whole command.
+async fn for_each_owned<F, Fut>(
     docker: &Docker,
-    s: &Scope,
     names: &[String],
     ignore: bool,
-) -> Result<(Vec<(String, String)>, u8), ShimError> {
+    verb: &str,
+    op: F,
+) -> Result<u8, ShimError>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<(), bollard::errors::Error>>,
+{
+    let s = scope(docker).await?;
     let mut found = Vec::new();
     let mut code = 0;
     for n in names {
-        match owned(docker, s, n).await? {
-            Some(id) => found.push((n.clone(), id)),
+        match owned(docker, &s, n).await? {
+            Some(id) => found.push((n, id)),
             None if ignore => {}
             None => {
                 eprintln!("Error: {}", ShimError::NoSuchContainer(n.clone()));
@@ -156,7 +162,17 @@ async fn resolve_owned(
             }
         }
     }
-    Ok((found, code))
+    for (n, id) in found {
+        match op(id).await {
+            Ok(()) => println!("{n}"),
+            Err(e) if ignore && is_not_found(&e) => {}
+            Err(e) => {
+                eprintln!("Error: cannot {verb} container {n}: {}", message(&e));
+                code = code.max(EXIT_SHIM);
+            }
+        }
+    }
+    Ok(code)
 }
 
 async fn owned(docker: &Docker, s: &Scope, name: &str) -> Result<Option<String>, ShimError> {
@@ -350,74 +366,64 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
             volumes,
             names,
         } => {
-            let s = scope(&docker).await?;
-            let (found, mut code) = resolve_owned(&docker, &s, &names, ignore).await?;
-            for (n, id) in &found {
-                let opts = RemoveContainerOptionsBuilder::new()
-                    .force(force)
-                    .v(volumes)
-                    .build();
-                match docker.remove_container(id, Some(opts)).await {
-                    Ok(()) => println!("{n}"),
-                    Err(e) => {
-                        eprintln!("Error: cannot remove container {n}: {}", message(&e));
-                        code = 125.max(code);
+            let opts = RemoveContainerOptionsBuilder::new()
+                .force(force)
+                .v(volumes)
+                .build();
+            for_each_owned(&docker, &names, ignore, "remove", |id| {
+                let (docker, opts) = (docker.clone(), opts.clone());
+                async move {
+                    match docker.remove_container(&id, Some(opts)).await {
+                        Err(e) if docker::is_removal_in_progress(&e) => Ok(()),
+                        other => other,
                     }
                 }
-            }
-            Ok(code)
+            })
+            .await
         }
         Command::Kill {
             signal,
             ignore,
             names,
         } => {
-            let s = scope(&docker).await?;
             let signal = if signal.chars().all(|c| c.is_ascii_digit()) || signal.starts_with("SIG")
             {
                 signal
             } else {
                 format!("SIG{}", signal.to_ascii_uppercase())
             };
-            let (found, mut code) = resolve_owned(&docker, &s, &names, ignore).await?;
-            for (n, id) in &found {
-                let opts = KillContainerOptionsBuilder::new().signal(&signal).build();
-                match docker.kill_container(id, Some(opts)).await {
-                    Ok(()) => println!("{n}"),
-                    Err(e) => {
-                        eprintln!("Error: cannot kill container {n}: {}", message(&e));
-                        code = 125;
-                    }
+            for_each_owned(&docker, &names, ignore, "kill", |id| {
+                let (docker, signal) = (docker.clone(), signal.clone());
+                async move {
+                    let opts = KillContainerOptionsBuilder::new().signal(&signal).build();
+                    docker.kill_container(&id, Some(opts)).await
                 }
-            }
-            Ok(code)
+            })
+            .await
         }
         Command::Stop {
             timeout,
             ignore,
             names,
         } => {
-            let s = scope(&docker).await?;
-            let (found, mut code) = resolve_owned(&docker, &s, &names, ignore).await?;
-            for (n, id) in &found {
-                let mut b = StopContainerOptionsBuilder::new();
-                if let Some(t) = timeout {
-                    b = b.t(t);
-                }
-                match docker.stop_container(id, Some(b.build())).await {
-                    Ok(()) => println!("{n}"),
-                    // 304: already stopped.
-                    Err(bollard::errors::Error::DockerResponseServerError {
-                        status_code: 304,
-                        ..
-                    }) => println!("{n}"),
-                    Err(e) => {
-                        eprintln!("Error: cannot stop container {n}: {}", message(&e));
-                        code = 125;
+            for_each_owned(&docker, &names, ignore, "stop", |id| {
+                let docker = docker.clone();
+                async move {
+                    let mut b = StopContainerOptionsBuilder::new();
+                    if let Some(t) = timeout {
+                        b = b.t(t);
+                    }
+                    match docker.stop_container(&id, Some(b.build())).await {
+                        // 304: already stopped.
+                        Err(bollard::errors::Error::DockerResponseServerError {
+                            status_code: 304,
+                            ..
+                        }) => Ok(()),
+                        other => other,
                     }
                 }
-            }
-            Ok(code)
+            })
+            .await
         }
         Command::Logs {
             follow,

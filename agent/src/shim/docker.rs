@@ -1,10 +1,11 @@
 //! The Docker connection and the shim's idea of where it runs.
 
 use bollard::errors::Error as BollardError;
+use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use bollard::Docker;
 
 use super::selfid;
-use super::translate::SelfContainer;
+use super::selfid::SelfContainer;
 use super::ShimError;
 
 /// The default daemon address.
@@ -57,6 +58,38 @@ pub fn is_not_found(e: &BollardError) -> bool {
             ..
         }
     )
+}
+
+/// Returns true if and only if `e` says the container is already being
+/// removed (409 "removal of container … is already in progress"): another
+/// remover got there first, which is as good as removing it.
+pub fn is_removal_in_progress(e: &BollardError) -> bool {
+    match e {
+        BollardError::DockerResponseServerError {
+            status_code: 409,
+            message,
+        } => message.contains("already in progress"),
+        _ => false,
+    }
+}
+
+/// Removes container `id` (force, with its anonymous volumes). A container
+/// already gone (404) or already being removed (409) counts as removed,
+/// silently: the shim's `--rm`, the watchdog and the janitors may race for
+/// the same container. Returns false, with a warning, on any other failure.
+pub async fn remove(docker: &Docker, id: &str) -> bool {
+    let opts = RemoveContainerOptionsBuilder::new()
+        .force(true)
+        .v(true)
+        .build();
+    match docker.remove_container(id, Some(opts)).await {
+        Ok(()) => true,
+        Err(e) if is_not_found(&e) || is_removal_in_progress(&e) => true,
+        Err(e) => {
+            tracing::warn!(id, error = %message(&e), "failed to remove container");
+            false
+        }
+    }
 }
 
 /// Returns the daemon's message of `e`, or its display.
@@ -119,11 +152,6 @@ pub async fn whoami(docker: &Docker) -> Result<Option<SelfContainer>, ShimError>
         candidates,
         addr: address(),
     })
-}
-
-/// Returns the owner label value: the Ray container's id, or `host`.
-pub fn owner_of(me: Option<&SelfContainer>) -> String {
-    me.map(|m| m.id.clone()).unwrap_or_else(|| "host".into())
 }
 
 /// Returns the start time of process `pid` in clock ticks since boot (field

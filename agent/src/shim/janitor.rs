@@ -1,9 +1,12 @@
 //! The janitor (SPEC R-SHIM-4): removes the containers the shim created when
 //! their shim is gone, and all of them when the node stops.
 //!
-//! Every container carries the owner (the Ray container's id, or `host`)
+//! Every container carries the owner (this node's id, see `super::owner`)
 //! and, unless detached, the shim's pid and process start time, so a reused
-//! pid is not taken for a live shim. The node agent calls
+//! pid is not taken for a live shim. Only the owner's own sweeps judge
+//! whether a shim lives: they run on the same node, in the PID namespace of
+//! its shims. Other nodes' sweeps remove a container only when its owner,
+//! a Ray container, is gone. The node agent calls
 //! [`sweep_blocking`]; each `podman run` also sweeps at its start, and a
 //! per-run watchdog (`super::watchdog`) removes the container of a shim that
 //! was SIGKILLed.
@@ -17,9 +20,9 @@ use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::{InspectContainerOptions, ListContainersOptionsBuilder};
 use bollard::Docker;
 
-use super::docker::{self, process_start};
-use super::runner::remove;
-use super::translate::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
+use super::docker::{self, process_start, remove};
+use super::labels::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
+use super::owner;
 use super::ShimError;
 
 /// What a sweep removes.
@@ -27,7 +30,7 @@ use super::ShimError;
 pub enum JanitorScope {
     /// Containers of this owner whose shim process is gone (running or
     /// not; detached containers have no shim and are kept), and containers
-    /// of any owner whose Ray container is gone or stopped.
+    /// of any owner whose Ray container is gone (removed; a stopped one keeps them).
     DeadShims,
     /// Every container of this owner (the node stops).
     AllOwned,
@@ -76,7 +79,15 @@ pub fn shim_alive(pid: u32, start: Option<u64>) -> bool {
     }
 }
 
-async fn list(docker: &Docker, label: String) -> Result<Vec<Seen>, ShimError> {
+/// A labelled container: its id, owner and what the janitor judges it by.
+struct Labelled {
+    owner: String,
+    seen: Seen,
+}
+
+/// Lists every container (running or not) that has the label filter
+/// `label` (`key` or `key=value`): the one Docker call of a sweep.
+async fn list(docker: &Docker, label: String) -> Result<Vec<Labelled>, ShimError> {
     let filters = HashMap::from([("label".to_string(), vec![label])]);
     let opts = ListContainersOptionsBuilder::new()
         .all(true)
@@ -93,57 +104,53 @@ async fn list(docker: &Docker, label: String) -> Result<Vec<Seen>, ShimError> {
                 c.state,
                 Some(ContainerSummaryStateEnum::EXITED) | Some(ContainerSummaryStateEnum::DEAD)
             );
-            Seen::from_labels(
-                c.id.unwrap_or_default(),
-                &c.labels.unwrap_or_default(),
-                exited,
-            )
+            let labels = c.labels.unwrap_or_default();
+            Labelled {
+                owner: labels.get(LABEL_OWNER).cloned().unwrap_or_default(),
+                seen: Seen::from_labels(c.id.unwrap_or_default(), &labels, exited),
+            }
         })
         .collect())
 }
 
 /// Sweeps the containers of `owner`; returns how many it removed. A
 /// `DeadShims` sweep also removes orphans: containers whose owning Ray
-/// container is gone or stopped (it cannot sweep them itself any more, and
-/// with its PID namespace gone they are dead anyway).
+/// container is gone (it cannot sweep them itself any more, and with its
+/// PID namespace gone they are dead anyway).
 pub async fn sweep(docker: &Docker, owner: &str, scope: JanitorScope) -> Result<usize, ShimError> {
     let mut n = 0;
-    for c in list(docker, format!("{LABEL_OWNER}={owner}")).await? {
-        if doomed(scope, &c, shim_alive) {
+    let mut others = Vec::new();
+    for c in list(docker, LABEL_OWNER.to_string()).await? {
+        if c.owner != owner {
+            others.push(c);
+        } else if doomed(scope, &c.seen, shim_alive) {
+            let c = c.seen;
             tracing::info!(id = %c.id, pid = ?c.pid, ?scope, "removing container of the podman shim");
             remove(docker, &c.id).await;
             n += 1;
         }
     }
     if scope == JanitorScope::DeadShims {
-        n += sweep_orphans(docker, owner).await?;
+        n += sweep_orphans(docker, others).await?;
     }
     Ok(n)
 }
 
 /// Returns true if and only if a container whose owner is in `state` (None:
-/// no such container; Some(running)) is an orphan.
+/// no such container; Some(running)) is an orphan: its Ray container is
+/// gone. A stopped Ray container may be started again, and its own janitor
+/// then judges its engines (their shims are dead by then).
 pub fn orphaned(owner_state: Option<bool>) -> bool {
-    owner_state != Some(true)
+    owner_state.is_none()
 }
 
-async fn sweep_orphans(docker: &Docker, me: &str) -> Result<usize, ShimError> {
-    let filters = HashMap::from([("label".to_string(), vec![LABEL_OWNER.to_string()])]);
-    let opts = ListContainersOptionsBuilder::new()
-        .all(true)
-        .filters(&filters)
-        .build();
-    let all = docker
-        .list_containers(Some(opts))
-        .await
-        .map_err(ShimError::docker("list containers"))?;
+async fn sweep_orphans(docker: &Docker, others: Vec<Labelled>) -> Result<usize, ShimError> {
     let mut owners: HashMap<String, Option<bool>> = HashMap::new();
     let mut n = 0;
-    for c in all {
-        let Some(owner) = c.labels.as_ref().and_then(|l| l.get(LABEL_OWNER)).cloned() else {
-            continue;
-        };
-        if owner == me || owner == "host" {
+    for c in others {
+        let owner = c.owner;
+        // A host node's id names no container: only that node judges it.
+        if owner::is_host_owner(&owner) {
             continue;
         }
         if !owners.contains_key(&owner) {
@@ -162,7 +169,7 @@ async fn sweep_orphans(docker: &Docker, me: &str) -> Result<usize, ShimError> {
             owners.insert(owner.clone(), state);
         }
         if orphaned(owners[&owner]) {
-            let id = c.id.unwrap_or_default();
+            let id = c.seen.id;
             tracing::info!(%id, %owner, "removing container whose Ray container is gone");
             remove(docker, &id).await;
             n += 1;
@@ -175,7 +182,7 @@ async fn sweep_orphans(docker: &Docker, me: &str) -> Result<usize, ShimError> {
 /// watchdog's sweep after that shim died).
 pub async fn sweep_shim(docker: &Docker, pid: u32, start: u64) -> Result<usize, ShimError> {
     let mut n = 0;
-    for c in list(docker, format!("{LABEL_PID}={pid}")).await? {
+    for Labelled { seen: c, .. } in list(docker, format!("{LABEL_PID}={pid}")).await? {
         if c.start == Some(start) {
             remove(docker, &c.id).await;
             n += 1;
@@ -196,8 +203,8 @@ pub fn sweep_blocking_at(addr: &str, scope: JanitorScope) -> anyhow::Result<usiz
     sweep_owner_blocking(addr, None, scope)
 }
 
-/// Sweeps the containers of `owner` (default: this container's id, or
-/// `host`) at `addr`; Ok(0) at once when the unix socket does not exist.
+/// Sweeps the containers of `owner` (default: this node's, see
+/// [`owner::node_owner`]) at `addr`; Ok(0) at once when the unix socket does not exist.
 pub fn sweep_owner_blocking(
     addr: &str,
     owner: Option<&str>,
@@ -217,7 +224,7 @@ pub fn sweep_owner_blocking(
             let docker = docker::connect_to(addr).await?;
             let owner = match owner {
                 Some(o) => o.to_string(),
-                None => docker::owner_of(docker::whoami(&docker).await?.as_ref()),
+                None => owner::node_owner(docker::whoami(&docker).await?.as_ref())?,
             };
             sweep(&docker, &owner, scope).await
         };
@@ -266,9 +273,12 @@ mod tests {
     }
 
     #[test]
-    fn containers_of_a_gone_or_stopped_owner_are_orphans() {
+    fn only_containers_of_a_gone_owner_are_orphans() {
         assert!(orphaned(None));
-        assert!(orphaned(Some(false)));
+        assert!(
+            !orphaned(Some(false)),
+            "a stopped Ray container keeps its engines"
+        );
         assert!(!orphaned(Some(true)));
     }
 

@@ -9,8 +9,10 @@
 //! without cleaning up, and every container is labelled with its owner so
 //! the node agent's janitor can sweep what is left (R-SHIM-4).
 //!
-//! Layout: [`args`] parses, [`translate`] maps podman meaning onto Docker,
-//! [`policy`] refuses dangerous requests, [`selfid`] finds the Ray container,
+//! Layout: [`args`] parses, [`translate`] maps podman meaning onto Docker
+//! (one submodule per group of flags),
+//! [`policy`] refuses dangerous requests, [`selfid`] finds the Ray container
+//! and maps its paths to the host, [`labels`] names the container labels,
 //! [`runner`] drives `run`, [`cmds`] the other subcommands, [`janitor`]
 //! sweeps, [`watchdog`] outlives a killed shim. Only `runner`, `cmds`,
 //! `janitor`, `watchdog` and `docker` touch the socket.
@@ -19,6 +21,8 @@ pub mod args;
 pub mod cmds;
 pub mod docker;
 pub mod janitor;
+pub mod labels;
+pub mod owner;
 pub mod policy;
 pub mod runner;
 pub mod selfid;
@@ -83,9 +87,9 @@ impl ShimError {
 
 /// Runs the shim with the arguments after `podman` and returns the exit
 /// code. Must be called before any other thread exists: an attached `run`
-/// forks its watchdog first.
+/// forks its watchdog first. The caller installs the log subscriber (the
+/// shim logs at `ARGUS_SHIM_LOG`, [`LOG_ENV`]).
 pub fn run(args: Vec<OsString>) -> u8 {
-    init_logging();
     let args: Vec<String> = args
         .into_iter()
         .map(|a| a.to_string_lossy().into_owned())
@@ -128,14 +132,7 @@ fn fail(e: &ShimError) -> u8 {
     EXIT_SHIM
 }
 
-/// Logs to stderr at the level of `ARGUS_SHIM_LOG` (default: warn), so the
-/// worker's log files only get warnings and errors.
-fn init_logging() {
-    let filter = std::env::var("ARGUS_SHIM_LOG").unwrap_or_else(|_| "warn".into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .without_time()
-        .try_init();
-}
+/// The variable that holds the shim's log filter (tracing syntax; the
+/// binary's default is `warn`, so the worker's log files only get warnings
+/// and errors).
+pub const LOG_ENV: &str = "ARGUS_SHIM_LOG";

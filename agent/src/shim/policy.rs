@@ -1,32 +1,54 @@
-//! The shim's policy (SPEC R-SHIM-5): requests that would hand a Ray job the
-//! host are refused by default. Access to the Docker socket is root on the
-//! host, so the shim is the only place where a job's `podman run` can be
-//! checked.
+//! The shim's policy (SPEC R-SHIM-5): default deny. Access to the Docker
+//! socket is root on the host, so the shim is the only place where a job's
+//! `podman run` can be checked. A container may have what Ray's own calls and
+//! ordinary engine jobs need, and nothing else:
 //!
-//! `ARGUS_SHIM_POLICY=relaxed` lifts the privilege and bind rules;
-//! `ARGUS_SHIM_ALLOWED_IMAGES` (comma separated, `*` at the end matches any
-//! rest) is enforced whenever it is set. Both are read from the shim's
-//! environment, which Ray's runtime_env `env_vars` also reach; a `run` that
-//! tries to set an `ARGUS_SHIM_*` variable is refused for that reason.
+//! - binds only from under `ARGUS_SHIM_ALLOWED_BINDS`, compared on the host
+//!   path the bind translates to, after symlinks and `..` are resolved; named
+//!   volumes and tmpfs; never the Docker socket, `/`, `/etc`, `/proc`,
+//!   `/sys` or `/var/lib/docker`, whatever the allow-list says;
+//! - devices only NVIDIA's (`/dev/nvidia*`, `/dev/dri/*`, CDI
+//!   `nvidia.com/gpu=…`) and those the Ray container has;
+//! - no `--privileged`, no `--cap-add` beyond `ARGUS_SHIM_ALLOWED_CAPS`,
+//!   `--security-opt` only `label=…`, `mask=…` and `no-new-privileges`,
+//!   `--userns` only `keep-id`, namespaces only `host` (the Ray container's)
+//!   or the default, or `container:` of a container this shim owns;
+//! - images from `ARGUS_SHIM_ALLOWED_IMAGES` when it is set.
+//!
+//! `ARGUS_SHIM_POLICY=relaxed` lifts all but the image allow-list and the
+//! `no-job-policy` rule, with one log line per container. The settings are
+//! read from the shim's environment, which Ray's runtime_env `env_vars` also
+//! reach; a `run` that sets an `ARGUS_SHIM_*` variable is refused for that
+//! reason.
 
-use std::path::Path;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 
-use super::args::RunOpts;
+use super::args::{run_flag, Rule, RunOpts, Volume};
+use super::labels::LABEL_PREFIX;
+use super::selfid::{normalize, to_host, HostPath, SelfContainer};
 use super::translate::Plan;
 
-/// A refusal; the message names the rule.
+/// A refusal, or a bad policy setting; the message names the rule.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PolicyError {
-    #[error(
-        "policy: --privileged is refused (rule no-privileged; ARGUS_SHIM_POLICY=relaxed lifts it)"
-    )]
-    Privileged,
-    #[error("policy: --cap-add {0} is refused (rule no-cap-add-all; ARGUS_SHIM_POLICY=relaxed lifts it)")]
-    CapAll(String),
-    #[error("policy: binding {path} (host {host}) is refused (rule no-{rule}-bind; ARGUS_SHIM_POLICY=relaxed lifts it)")]
+    #[error("policy: --{flag} is refused (rule {rule}; ARGUS_SHIM_POLICY=relaxed lifts it)")]
+    Refused {
+        flag: &'static str,
+        rule: &'static str,
+    },
+    #[error("policy: --cap-add {0} is refused (rule capabilities: only ARGUS_SHIM_ALLOWED_CAPS may be added; ARGUS_SHIM_POLICY=relaxed lifts it)")]
+    CapAdd(String),
+    #[error("policy: binding {path} (host {host}) is refused (rule {rule}; ARGUS_SHIM_POLICY=relaxed lifts it)")]
     Bind {
         path: String,
         host: String,
+        rule: &'static str,
+    },
+    #[error("policy: {flag} {value} is refused (rule {rule}; ARGUS_SHIM_POLICY=relaxed lifts it)")]
+    Flag {
+        flag: &'static str,
+        value: String,
         rule: &'static str,
     },
     #[error("policy: image {image} is not in ARGUS_SHIM_ALLOWED_IMAGES (rule allowed-images)")]
@@ -35,6 +57,44 @@ pub enum PolicyError {
     JobPolicy { name: String },
     #[error("policy: container {name} is not owned by this shim's Ray container (rule owned-containers-only)")]
     NotOwned { name: String },
+    #[error("{name}={value:?}: {why}")]
+    Setting {
+        name: &'static str,
+        value: String,
+        why: &'static str,
+    },
+}
+
+/// The rules [`Policy::check_run`] checks flag by flag: each
+/// `Rule::Checked` of the flag table names one of these (a test holds the
+/// two together); `Rule::Refused` flags are refused from the table itself.
+pub const CHECKED_RULES: &[&str] = &[
+    "owned-containers-only",
+    "no-job-policy",
+    "binds",
+    "namespaces",
+    "userns",
+    "capabilities",
+    "security-opt",
+    "devices",
+    "no-shim-labels",
+];
+
+/// Bind sources allowed by default (paths in the Ray container): Ray's temp
+/// dir, the probe's temp folders (`TMPDIR`), the shared root and the model
+/// cache, each with the variable that moves it.
+const DEFAULT_BINDS: &[(&str, &str)] = &[
+    ("", "/tmp/ray"),
+    ("TMPDIR", "/tmp"),
+    ("ARGUS_SHARED_ROOT", "/private"),
+    ("ARGUS_MODEL_CACHE", "/tmp/argus-models"),
+];
+
+/// An allowed bind root, in the Ray container and on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Root {
+    caller: PathBuf,
+    host: Option<PathBuf>,
 }
 
 /// The policy in force.
@@ -43,22 +103,83 @@ pub struct Policy {
     pub relaxed: bool,
     /// None: every image is allowed.
     pub allowed_images: Option<Vec<String>>,
+    /// Allowed bind roots, paths in the Ray container, as configured.
+    pub allowed_binds: Vec<String>,
+    /// Capabilities `--cap-add` may name (upper case, no `CAP_`).
+    pub allowed_caps: Vec<String>,
     /// Host paths of the Docker socket, besides the usual ones.
     pub docker_sockets: Vec<String>,
+    /// `allowed_binds` resolved by [`Policy::resolve`].
+    roots: Vec<Root>,
+    /// Host paths of the Ray container's devices.
+    ray_devices: Vec<String>,
+    /// Container references (`container:X`, `--replace --name X`) this
+    /// shim owns, as found at the edge.
+    pub owned_refs: HashSet<String>,
+}
+
+/// Returns a capability name as Docker compares it (`cap_sys_admin` ->
+/// `SYS_ADMIN`).
+fn cap_name(c: &str) -> String {
+    let up = c.trim().to_ascii_uppercase();
+    up.strip_prefix("CAP_").map(str::to_string).unwrap_or(up)
 }
 
 impl Policy {
-    /// Reads the policy from environment values.
-    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Policy {
-        let relaxed = matches!(get("ARGUS_SHIM_POLICY").as_deref(), Some("relaxed"));
-        let allowed_images = get("ARGUS_SHIM_ALLOWED_IMAGES")
-            .filter(|v| !v.trim().is_empty())
-            .map(|v| {
-                v.split(',')
+    /// Reads the policy from environment values; a value it cannot use is
+    /// an error naming the variable.
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Policy, PolicyError> {
+        let relaxed = match get("ARGUS_SHIM_POLICY").as_deref().map(str::trim) {
+            None | Some("") | Some("default") => false,
+            Some("relaxed") => true,
+            Some(other) => {
+                return Err(PolicyError::Setting {
+                    name: "ARGUS_SHIM_POLICY",
+                    value: other.into(),
+                    why: "unknown policy (use `default` or `relaxed`)",
+                })
+            }
+        };
+        let list = |name: &str, sep: char| -> Option<Vec<String>> {
+            get(name).filter(|v| !v.trim().is_empty()).map(|v| {
+                v.split(sep)
                     .map(|s| s.trim().to_string())
                     .filter(|s| !s.is_empty())
                     .collect()
-            });
+            })
+        };
+        let allowed_images = list("ARGUS_SHIM_ALLOWED_IMAGES", ',');
+        let allowed_binds = match list("ARGUS_SHIM_ALLOWED_BINDS", ':') {
+            Some(l) => {
+                if let Some(bad) = l.iter().find(|p| !p.starts_with('/')) {
+                    return Err(PolicyError::Setting {
+                        name: "ARGUS_SHIM_ALLOWED_BINDS",
+                        value: bad.clone(),
+                        why: "not an absolute path (colon-separated absolute paths expected)",
+                    });
+                }
+                l
+            }
+            None => {
+                let mut l: Vec<String> = DEFAULT_BINDS
+                    .iter()
+                    .map(|(var, default)| {
+                        get(var)
+                            .filter(|v| !var.is_empty() && v.starts_with('/'))
+                            .unwrap_or_else(|| default.to_string())
+                    })
+                    .collect();
+                if let Some(t) = get("RAY_TMPDIR").filter(|v| v.starts_with('/')) {
+                    l.push(format!("{}/ray", t.trim_end_matches('/')));
+                }
+                l
+            }
+        };
+        let allowed_caps = list("ARGUS_SHIM_ALLOWED_CAPS", ',')
+            .unwrap_or_default()
+            .iter()
+            .map(|c| cap_name(c))
+            .collect();
         let mut docker_sockets = vec![
             "/var/run/docker.sock".to_string(),
             "/run/docker.sock".to_string(),
@@ -68,25 +189,42 @@ impl Policy {
         {
             docker_sockets.push(h);
         }
-        Policy {
+        Ok(Policy {
             relaxed,
             allowed_images,
+            allowed_binds,
+            allowed_caps,
             docker_sockets,
-        }
+            ..Default::default()
+        })
+    }
+
+    /// Resolves the allowed bind roots: `canon` resolves symlinks and `..`
+    /// in the Ray container, [`to_host`] maps the result to the host. Also
+    /// notes the Ray container's devices.
+    pub fn resolve(&mut self, me: Option<&SelfContainer>, canon: impl Fn(&Path) -> PathBuf) {
+        self.roots = self
+            .allowed_binds
+            .iter()
+            .map(|p| {
+                let caller = canon(Path::new(p));
+                let host = match to_host(me, &caller) {
+                    HostPath::At { path, .. } => Some(PathBuf::from(path)),
+                    HostPath::NotVisible => None,
+                };
+                Root { caller, host }
+            })
+            .collect();
+        self.ray_devices = me.map(|m| m.devices.clone()).unwrap_or_default();
     }
 
     /// Returns true if and only if `image` matches the allow-list (or there
-    /// is none). Short names also match in their docker.io forms.
+    /// is none). See [`image_matches`].
     pub fn image_allowed(&self, image: &str) -> bool {
-        let Some(list) = &self.allowed_images else {
-            return true;
-        };
-        let forms = image_forms(image);
-        let full = canonical(image);
-        list.iter().any(|pat| match pat.strip_suffix('*') {
-            Some(prefix) => forms.iter().any(|f| f.starts_with(prefix)),
-            None => canonical(pat) == full,
-        })
+        match &self.allowed_images {
+            None => true,
+            Some(list) => list.iter().any(|pat| image_matches(pat, image)),
+        }
     }
 
     /// Checks a `run` request after translation.
@@ -105,57 +243,197 @@ impl Policy {
         if self.relaxed {
             return Ok(());
         }
-        if o.privileged {
-            return Err(PolicyError::Privileged);
+        // The flags the table refuses outright; the checked ones below.
+        for name in &o.given {
+            if let Some(Rule::Refused(rule)) = run_flag(name).map(|f| f.rule) {
+                return Err(PolicyError::Refused { flag: name, rule });
+            }
         }
         if let Some(c) = o
             .cap_add
             .iter()
-            .find(|c| c.eq_ignore_ascii_case("all") || c.eq_ignore_ascii_case("CAP_ALL"))
+            .find(|c| !self.allowed_caps.contains(&cap_name(c)))
         {
-            return Err(PolicyError::CapAll(c.clone()));
+            return Err(PolicyError::CapAdd(c.clone()));
         }
-        for (caller, host, via_volume) in &plan.bind_sources {
-            if let Some(rule) = self.bad_bind(caller, host, *via_volume) {
-                return Err(PolicyError::Bind {
-                    path: caller.clone(),
-                    host: host.clone(),
-                    rule,
-                });
+        let refuse = |flag, value: &str, rule| PolicyError::Flag {
+            flag,
+            value: value.to_string(),
+            rule,
+        };
+        for s in &o.security_opt {
+            let ok = s.starts_with("label=")
+                || s.starts_with("label:")
+                || s.starts_with("mask=")
+                || matches!(
+                    s.as_str(),
+                    "no-new-privileges"
+                        | "no-new-privileges=true"
+                        | "no-new-privileges:true"
+                        | "no-new-privileges=false"
+                        | "no-new-privileges:false"
+                );
+            if !ok {
+                return Err(refuse("--security-opt", s, "security-opt"));
             }
         }
+        if let Some(u) = o.userns.as_deref() {
+            if !(u.is_empty() || u.starts_with("keep-id")) {
+                return Err(refuse("--userns", u, "userns"));
+            }
+        }
+        self.check_namespaces(o)?;
+        if let Some(l) = o.labels.iter().find(|l| l.starts_with(LABEL_PREFIX)) {
+            return Err(refuse("--label", l, "no-shim-labels"));
+        }
+        if let (true, Some(name)) = (o.replace, &o.name) {
+            if !self.owned_refs.contains(name) {
+                return Err(PolicyError::NotOwned { name: name.clone() });
+            }
+        }
+        for d in &o.devices {
+            if !self.device_allowed(d) {
+                return Err(refuse("--device", d, "devices"));
+            }
+        }
+        for v in &o.volumes {
+            self.check_volume(v)?;
+        }
+        for (caller, host, via_volume) in &plan.bind_sources {
+            self.check_bind(caller, Some(host), *via_volume)?;
+        }
         for c in &plan.copies {
-            if let Some(rule) = self.bad_bind(&c.source, &c.source, false) {
-                return Err(PolicyError::Bind {
-                    path: c.source.clone(),
-                    host: c.source.clone(),
-                    rule,
+            self.check_bind(&c.source, None, false)?;
+        }
+        Ok(())
+    }
+
+    fn check_namespaces(&self, o: &RunOpts) -> Result<(), PolicyError> {
+        let flags: [(&'static str, Option<&str>, &[&str]); 5] = [
+            (
+                "--network",
+                o.network.as_deref(),
+                &["host", "bridge", "private", "slirp4netns", "pasta", "none"],
+            ),
+            ("--pid", o.pid.as_deref(), &["host", "private", ""]),
+            (
+                "--ipc",
+                o.ipc.as_deref(),
+                &["host", "private", "shareable", "none", ""],
+            ),
+            ("--uts", o.uts.as_deref(), &["host", "private", ""]),
+            ("--cgroupns", o.cgroupns.as_deref(), &["private"]),
+        ];
+        for (flag, value, allowed) in flags {
+            let Some(v) = value else { continue };
+            let ok = allowed.contains(&v)
+                || v.strip_prefix("container:")
+                    .is_some_and(|c| self.owned_refs.contains(c));
+            if !ok {
+                return Err(PolicyError::Flag {
+                    flag,
+                    value: v.into(),
+                    rule: "namespaces",
                 });
             }
         }
         Ok(())
     }
 
-    /// Returns the rule a bind breaks, if any.
+    /// Returns true if and only if `--device d` may be given.
+    fn device_allowed(&self, d: &str) -> bool {
+        if d.contains('=') && !d.starts_with('/') {
+            // CDI: only NVIDIA's GPUs.
+            return d.starts_with("nvidia.com/gpu=");
+        }
+        let host = d.split(':').next().unwrap_or("");
+        if !host.starts_with('/') || host.split('/').any(|c| c == ".." || c == ".") {
+            return false;
+        }
+        let p = normalize(Path::new(host));
+        let name = p.strip_prefix("/dev").ok().and_then(|r| r.to_str());
+        let nvidia = name.is_some_and(|n| {
+            n.starts_with("nvidia") || (n.starts_with("dri/") && n.len() > "dri/".len())
+        });
+        nvidia || self.ray_devices.iter().any(|r| Path::new(r) == p)
+    }
+
+    /// Refuses mount propagation out of the container (a mount made in the
+    /// engine would appear on the host).
+    fn check_volume(&self, v: &Volume) -> Result<(), PolicyError> {
+        match v
+            .options
+            .iter()
+            .find(|o| matches!(o.as_str(), "shared" | "rshared" | "slave" | "rslave"))
+        {
+            Some(o) => Err(PolicyError::Flag {
+                flag: "--volume/--mount propagation",
+                value: format!("{}:{}", v.target, o),
+                rule: "bind-propagation",
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks one bind: `caller` is the canonical source in the Ray
+    /// container, `host` where it is on the host (None: not visible there,
+    /// so it is copied in and back).
+    fn check_bind(
+        &self,
+        caller: &str,
+        host: Option<&str>,
+        via_volume: bool,
+    ) -> Result<(), PolicyError> {
+        let err = |rule| PolicyError::Bind {
+            path: caller.to_string(),
+            host: host.unwrap_or("none: copied").to_string(),
+            rule,
+        };
+        if let Some(rule) = self.bad_bind(caller, host.unwrap_or(caller), via_volume) {
+            return Err(err(rule));
+        }
+        let allowed = match host {
+            Some(h) => self.roots.iter().any(|r| {
+                r.host
+                    .as_deref()
+                    .is_some_and(|rh| Path::new(h).starts_with(rh))
+            }),
+            None => self
+                .roots
+                .iter()
+                .any(|r| Path::new(caller).starts_with(&r.caller)),
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(err("binds (not under ARGUS_SHIM_ALLOWED_BINDS)"))
+        }
+    }
+
+    /// Returns the hard rule a bind breaks, if any: these hold whatever the
+    /// allow-list says.
     fn bad_bind(&self, caller: &str, host: &str, via_volume: bool) -> Option<&'static str> {
         let under = |p: &str, dir: &str| Path::new(p).starts_with(dir);
         for p in [caller, host] {
             if self.docker_sockets.iter().any(|s| p == s) || p.ends_with("/docker.sock") {
-                return Some("docker-socket");
+                return Some("no-docker-socket-bind");
+            }
+            if p == "/" {
+                return Some("no-host-root-bind");
             }
             // A parent of the socket exposes it too.
             if self
                 .docker_sockets
                 .iter()
-                .any(|s| Path::new(s).starts_with(p) && p != "/")
-                && p != "/"
+                .any(|s| Path::new(s).starts_with(p))
             {
-                return Some("docker-socket");
+                return Some("no-docker-socket-bind");
             }
-            if p == "/" {
-                return Some("host-root");
-            }
-            for (dir, rule) in [("/etc", "etc"), ("/proc", "proc"), ("/sys", "sys")] {
+            for (dir, rule) in [
+                ("/etc", "no-etc-bind"),
+                ("/proc", "no-proc-bind"),
+                ("/sys", "no-sys-bind"),
+            ] {
                 if under(p, dir) {
                     return Some(rule);
                 }
@@ -164,40 +442,158 @@ impl Policy {
         // Volumes live under the daemon's data root: that is their nature,
         // not a bind of it.
         if under(caller, "/var/lib/docker") || (under(host, "/var/lib/docker") && !via_volume) {
-            return Some("docker-data");
+            return Some("no-docker-data-bind");
         }
         None
     }
 }
 
-/// Returns the fully qualified form of an image reference, with the
-/// registry and the default `latest` tag (`ubuntu` ->
-/// `docker.io/library/ubuntu:latest`).
-pub fn canonical(image: &str) -> String {
-    let full = image_forms(image).pop().unwrap_or_default();
-    let last = full.rsplit('/').next().unwrap_or("");
-    if full.contains('@') || last.contains(':') {
-        full
-    } else {
-        format!("{full}:latest")
+/// A parsed image reference, normalised the way Docker does:
+/// `ubuntu` -> `docker.io/library/ubuntu`, tag `latest` when there is
+/// neither tag nor digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageRef {
+    /// `registry/path`, the registry lower case.
+    pub name: String,
+    pub tag: Option<String>,
+    pub digest: Option<String>,
+}
+
+impl ImageRef {
+    /// Parses `image`; None for what Docker would not take as a name
+    /// (upper case in the path, empty parts) or takes as an image id.
+    pub fn parse(image: &str) -> Option<ImageRef> {
+        let (rest, digest) = match image.split_once('@') {
+            Some((r, d)) => (r, Some(d.to_string())),
+            None => (image, None),
+        };
+        let last_slash = rest.rfind('/').map(|i| i + 1).unwrap_or(0);
+        let (name, tag) = match rest[last_slash..].rfind(':') {
+            Some(i) => (
+                &rest[..last_slash + i],
+                Some(rest[last_slash + i + 1..].to_string()),
+            ),
+            None => (rest, None),
+        };
+        let is_id =
+            |s: &str| s.len() >= 12 && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
+        if name.is_empty()
+            || image.starts_with("sha256:")
+            || (digest.is_none() && tag.is_none() && is_id(name))
+            || tag.as_deref().is_some_and(str::is_empty)
+        {
+            return None;
+        }
+        let (registry, path) = match name.split_once('/') {
+            Some((first, p))
+                if first.contains('.') || first.contains(':') || first == "localhost" =>
+            {
+                (first.to_ascii_lowercase(), p.to_string())
+            }
+            _ => ("docker.io".to_string(), name.to_string()),
+        };
+        let registry = match registry.as_str() {
+            "index.docker.io" | "registry-1.docker.io" => "docker.io".to_string(),
+            _ => registry,
+        };
+        if path.is_empty()
+            || path.split('/').any(str::is_empty)
+            || path.bytes().any(|b| b.is_ascii_uppercase())
+        {
+            return None;
+        }
+        let path = if registry == "docker.io" && !path.contains('/') {
+            format!("library/{path}")
+        } else {
+            path
+        };
+        let tag = match (&tag, &digest) {
+            (None, None) => Some("latest".to_string()),
+            _ => tag,
+        };
+        Some(ImageRef {
+            name: format!("{registry}/{path}"),
+            tag,
+            digest,
+        })
     }
 }
 
-/// Returns the spellings of an image reference: as given, and normalised the
-/// way Docker does (`ubuntu` -> `docker.io/library/ubuntu`).
-pub fn image_forms(image: &str) -> Vec<String> {
-    let mut forms = vec![image.to_string()];
-    let first = image.split('/').next().unwrap_or("");
-    let has_registry =
-        image.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
-    if !has_registry {
-        if image.contains('/') {
-            forms.push(format!("docker.io/{image}"));
-        } else {
-            forms.push(format!("docker.io/library/{image}"));
-        }
+/// Returns true if and only if `image` matches the allow-list entry `pat`:
+/// - `prefix*`: the normalised name starts with the normalised prefix;
+/// - a name without tag or digest: that repository, any tag or digest;
+/// - `name:tag`: that tag, without a digest (a digest would override it);
+/// - `name@digest` (with or without a tag): exactly that digest.
+///
+/// Image ids and names Docker would refuse never match.
+pub fn image_matches(pat: &str, image: &str) -> bool {
+    let Some(img) = ImageRef::parse(image) else {
+        return false;
+    };
+    if let Some(prefix) = pat.strip_suffix('*') {
+        let full = match (&img.tag, &img.digest) {
+            (_, Some(d)) => format!("{}@{d}", img.name),
+            (Some(t), None) => format!("{}:{t}", img.name),
+            (None, None) => img.name.clone(),
+        };
+        return full.starts_with(&normalize_prefix(prefix));
     }
-    forms
+    let explicit_tag = {
+        let rest = pat.split('@').next().unwrap_or(pat);
+        let last = rest.rsplit('/').next().unwrap_or(rest);
+        last.contains(':')
+    };
+    let Some(p) = ImageRef::parse(pat) else {
+        return false;
+    };
+    if p.name != img.name {
+        return false;
+    }
+    match (&p.digest, explicit_tag) {
+        (Some(d), _) => img.digest.as_ref() == Some(d),
+        (None, true) => img.digest.is_none() && img.tag == p.tag,
+        (None, false) => true,
+    }
+}
+
+/// Normalises the registry part of an allow-list prefix the way
+/// [`ImageRef::parse`] normalises names (`ubuntu:` ->
+/// `docker.io/library/ubuntu:`, `Registry.Local/x` -> `registry.local/x`).
+fn normalize_prefix(prefix: &str) -> String {
+    match prefix.split_once('/') {
+        Some((first, rest))
+            if first.contains('.') || first.contains(':') || first == "localhost" =>
+        {
+            let registry = first.to_ascii_lowercase();
+            let registry = match registry.as_str() {
+                "index.docker.io" | "registry-1.docker.io" => "docker.io",
+                r => r,
+            };
+            if registry == "docker.io" && !rest.contains('/') && !rest.is_empty() {
+                format!("docker.io/library/{rest}")
+            } else {
+                format!("{registry}/{rest}")
+            }
+        }
+        Some(_) => format!("docker.io/{prefix}"),
+        None if prefix.is_empty() => String::new(),
+        None => format!("docker.io/library/{prefix}"),
+    }
+}
+
+/// Returns the fully qualified form of an image reference, with the
+/// registry and the default `latest` tag (`ubuntu` ->
+/// `docker.io/library/ubuntu:latest`); the input when it does not parse.
+pub fn canonical(image: &str) -> String {
+    match ImageRef::parse(image) {
+        Some(r) => match (r.tag, r.digest) {
+            (Some(t), Some(d)) => format!("{}:{t}@{d}", r.name),
+            (None, Some(d)) => format!("{}@{d}", r.name),
+            (Some(t), None) => format!("{}:{t}", r.name),
+            (None, None) => r.name,
+        },
+        None => image.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -216,43 +612,92 @@ mod tests {
     }
 
     fn strict() -> Policy {
-        Policy::from_env(|_| None)
+        let mut p = Policy::from_env(|_| None).unwrap();
+        p.resolve(None, normalize);
+        p
+    }
+
+    fn rule_of(r: Result<(), PolicyError>) -> String {
+        match r {
+            Err(PolicyError::Bind { rule, .. }) | Err(PolicyError::Flag { rule, .. }) => {
+                rule.to_string()
+            }
+            Err(PolicyError::Refused { rule, .. }) => rule.into(),
+            Err(PolicyError::CapAdd(_)) => "capabilities".into(),
+            Err(e) => e.to_string(),
+            Ok(()) => "ok".into(),
+        }
     }
 
     #[test]
-    fn each_rule_refuses() {
+    fn each_escape_is_refused_by_its_rule() {
         let p = strict();
-        assert_eq!(
-            check(&p, &["run", "--privileged", "i"]),
-            Err(PolicyError::Privileged)
-        );
-        assert_eq!(
-            check(&p, &["run", "--cap-add", "all", "i"]),
-            Err(PolicyError::CapAll("all".into()))
-        );
-        assert!(check(&p, &["run", "--cap-add", "NET_ADMIN", "i"]).is_ok());
-        for (path, rule) in [
-            ("/var/run/docker.sock", "docker-socket"),
-            ("/run/docker.sock", "docker-socket"),
-            ("/var/run", "docker-socket"),
-            ("/", "host-root"),
-            ("/etc", "etc"),
-            ("/etc/shadow", "etc"),
-            ("/proc", "proc"),
-            ("/sys/fs", "sys"),
-            ("/var/lib/docker", "docker-data"),
+        for (argv, rule) in [
+            (vec!["--privileged"], "no-privileged"),
+            (vec!["--cap-add", "all"], "capabilities"),
+            (vec!["--cap-add", "SYS_ADMIN"], "capabilities"),
+            (vec!["--cap-add", "cap_net_admin"], "capabilities"),
+            (vec!["--security-opt", "seccomp=unconfined"], "security-opt"),
+            (
+                vec!["--security-opt", "apparmor=unconfined"],
+                "security-opt",
+            ),
+            (
+                vec!["--security-opt", "systempaths=unconfined"],
+                "security-opt",
+            ),
+            (vec!["--userns=host"], "userns"),
+            (vec!["--device", "/dev/vda"], "devices"),
+            (vec!["--device", "/dev/nvidia0/../vda"], "devices"),
+            (vec!["--device", "/dev/dri/../sda:/dev/x"], "devices"),
+            (vec!["--device", "vendor.com/x=1"], "devices"),
+            (vec!["--network", "container:someone"], "namespaces"),
+            (vec!["--pid", "container:someone"], "namespaces"),
+            (vec!["--ipc", "container:someone"], "namespaces"),
+            (vec!["--network", "mynet"], "namespaces"),
+            (vec!["--cgroupns", "host"], "namespaces"),
+            (vec!["--cgroup-parent", "/"], "no-cgroup-parent"),
+            (vec!["--label", "io.argus.shim.owner=x"], "no-shim-labels"),
+            (
+                vec!["-v", "/var/lib:/vl"],
+                "binds (not under ARGUS_SHIM_ALLOWED_BINDS)",
+            ),
+            (
+                vec!["-v", "/home:/h"],
+                "binds (not under ARGUS_SHIM_ALLOWED_BINDS)",
+            ),
+            (
+                vec!["-v", "/tmp/ray/../../var/lib:/vl"],
+                "binds (not under ARGUS_SHIM_ALLOWED_BINDS)",
+            ),
+            (
+                vec!["--mount", "type=bind,src=/var/lib,dst=/vl"],
+                "binds (not under ARGUS_SHIM_ALLOWED_BINDS)",
+            ),
+            (
+                vec![
+                    "--mount",
+                    "type=bind,src=/tmp/ray,dst=/x,bind-propagation=rshared",
+                ],
+                "bind-propagation",
+            ),
+            (vec!["-v", "/tmp/ray:/x:shared"], "bind-propagation"),
+            (
+                vec!["-v", "/var/run/docker.sock:/s"],
+                "no-docker-socket-bind",
+            ),
+            (vec!["-v", "/var/run:/s"], "no-docker-socket-bind"),
+            (vec!["-v", "/:/host"], "no-host-root-bind"),
+            (vec!["-v", "/etc:/x"], "no-etc-bind"),
+            (vec!["-v", "/proc:/x"], "no-proc-bind"),
+            (vec!["-v", "/sys/fs:/x"], "no-sys-bind"),
+            (vec!["-v", "/var/lib/docker:/x"], "no-docker-data-bind"),
         ] {
-            let v = format!("{path}:/x");
-            match check(&p, &["run", "-v", &v, "i"]) {
-                Err(PolicyError::Bind { rule: r, .. }) => assert_eq!(r, rule, "{path}"),
-                other => panic!("{path}: {other:?}"),
-            }
+            let mut full = vec!["run"];
+            full.extend(argv.iter().copied());
+            full.push("img");
+            assert_eq!(rule_of(check(&p, &full)), rule, "{argv:?}");
         }
-        assert!(check(
-            &p,
-            &["run", "-v", "/srv/data:/x", "-v", "/etcetera:/y", "i"]
-        )
-        .is_ok());
         assert_eq!(
             check(&p, &["run", "-e", "ARGUS_SHIM_POLICY=relaxed", "i"]),
             Err(PolicyError::JobPolicy {
@@ -262,12 +707,149 @@ mod tests {
     }
 
     #[test]
+    fn every_checked_rule_of_the_flag_table_is_checked_here() {
+        use crate::shim::args::RUN_FLAGS;
+        let used: HashSet<&str> = RUN_FLAGS
+            .iter()
+            .filter_map(|f| match f.rule {
+                Rule::Checked(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        let known: HashSet<&str> = CHECKED_RULES.iter().copied().collect();
+        assert_eq!(used, known);
+        // A refused flag is refused by the table alone, as given.
+        let p = strict();
+        assert_eq!(
+            rule_of(check(&p, &["run", "--privileged=false", "i"])),
+            "ok"
+        );
+        assert_eq!(
+            rule_of(check(
+                &p,
+                &["run", "--privileged", "--privileged=false", "i"]
+            )),
+            "ok"
+        );
+        assert_eq!(
+            rule_of(check(
+                &p,
+                &["run", "--privileged=false", "--privileged", "i"]
+            )),
+            "no-privileged"
+        );
+    }
+
+    #[test]
+    fn allowed_forms_pass() {
+        let mut p = Policy::from_env(|k| match k {
+            "ARGUS_SHIM_ALLOWED_CAPS" => Some("net_admin, CAP_SYS_PTRACE".into()),
+            "ARGUS_SHIM_ALLOWED_BINDS" => Some("/srv/models:/tmp/ray".into()),
+            _ => None,
+        })
+        .unwrap();
+        p.owned_refs.insert("mine".into());
+        p.resolve(None, normalize);
+        for argv in [
+            vec![
+                "--cap-add",
+                "NET_ADMIN",
+                "--cap-add",
+                "sys_ptrace",
+                "--cap-drop",
+                "ALL",
+            ],
+            vec![
+                "--security-opt",
+                "label=disable",
+                "--security-opt",
+                "no-new-privileges",
+            ],
+            vec!["--userns=keep-id:uid=1,gid=2"],
+            vec!["--network=host", "--pid=host", "--ipc=host", "--uts=host"],
+            vec!["--network", "container:mine", "--pid", "container:mine"],
+            vec!["--network", "none", "--ipc", "private"],
+            vec![
+                "--device",
+                "/dev/nvidia0",
+                "--device",
+                "/dev/nvidiactl:/dev/nvidiactl:rw",
+            ],
+            vec![
+                "--device",
+                "/dev/dri/renderD128",
+                "--device",
+                "nvidia.com/gpu=0",
+            ],
+            vec!["-v", "/srv/models/llama:/m:ro", "-v", "/tmp/ray:/tmp/ray"],
+            vec!["-v", "named:/data", "-v", "/anon", "--tmpfs", "/t:size=1m"],
+            vec!["--mount", "type=bind,source=/srv/models,target=/m,readonly"],
+            vec![
+                "--mount",
+                "type=volume,src=cache,dst=/c",
+                "--mount",
+                "type=tmpfs,dst=/t,tmpfs-size=1m",
+            ],
+            vec![
+                "--mount",
+                "type=bind,src=/tmp/ray,dst=/x,bind-propagation=rprivate",
+            ],
+            vec!["--label", "app=x"],
+        ] {
+            let mut full = vec!["run"];
+            full.extend(argv.iter().copied());
+            full.push("img");
+            assert_eq!(rule_of(check(&p, &full)), "ok", "{argv:?}");
+        }
+        // Ray's own calls, as Ray 2.53 makes them.
+        let d = strict();
+        assert_eq!(
+            rule_of(check(
+                &d,
+                &["run", "--rm", "-v", "/tmp/tmpe9l02fnh:/shared:Z", "i"]
+            )),
+            "ok"
+        );
+        let argv = crate::shim::args::tests::ray_worker_argv();
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        assert_eq!(rule_of(check(&d, &argv)), "ok");
+    }
+
+    #[test]
+    fn the_ray_containers_own_devices_are_allowed() {
+        let mut p = Policy::from_env(|_| None).unwrap();
+        let mut me = crate::shim::selfid::SelfContainer {
+            id: "x".into(),
+            network_mode: String::new(),
+            pid_mode: String::new(),
+            ipc_mode: String::new(),
+            uts_mode: String::new(),
+            hostname: String::new(),
+            mounts: vec![],
+            gpus: crate::shim::selfid::Gpus::All,
+            devices: vec!["/dev/fuse".into()],
+        };
+        p.resolve(Some(&me), normalize);
+        assert_eq!(
+            rule_of(check(&p, &["run", "--device", "/dev/fuse", "i"])),
+            "ok"
+        );
+        me.devices.clear();
+        p.resolve(Some(&me), normalize);
+        assert_eq!(
+            rule_of(check(&p, &["run", "--device", "/dev/fuse", "i"])),
+            "devices"
+        );
+    }
+
+    #[test]
     fn relaxed_lifts_rules_but_not_the_allow_list() {
         let p = Policy::from_env(|k| match k {
             "ARGUS_SHIM_POLICY" => Some("relaxed".into()),
             "ARGUS_SHIM_ALLOWED_IMAGES" => Some("registry.local/ray/*, ubuntu".into()),
             _ => None,
-        });
+        })
+        .unwrap();
         assert!(check(
             &p,
             &[
@@ -275,6 +857,8 @@ mod tests {
                 "--privileged",
                 "-v",
                 "/:/host",
+                "--device",
+                "/dev/vda",
                 "registry.local/ray/x:1"
             ]
         )
@@ -290,6 +874,72 @@ mod tests {
     }
 
     #[test]
+    fn bad_settings_name_the_variable() {
+        for (k, v) in [
+            ("ARGUS_SHIM_POLICY", "relax"),
+            ("ARGUS_SHIM_POLICY", "Relaxed"),
+            ("ARGUS_SHIM_ALLOWED_BINDS", "/ok:relative"),
+        ] {
+            let e = Policy::from_env(|n| (n == k).then(|| v.to_string())).unwrap_err();
+            assert!(e.to_string().starts_with(k), "{e}");
+        }
+    }
+
+    #[test]
+    fn image_allow_list_sees_through_digests_tags_case_and_aliases() {
+        let d = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+        let allowed = |pat: &str, img: &str| image_matches(pat, img);
+        // Aliases of the same name.
+        for img in [
+            "ubuntu",
+            "ubuntu:latest",
+            "library/ubuntu",
+            "docker.io/ubuntu",
+            "docker.io/library/ubuntu:latest",
+            "index.docker.io/library/ubuntu",
+        ] {
+            assert!(allowed("ubuntu:latest", img), "{img}");
+        }
+        // A tagged entry: not another tag, not a digest overriding the tag.
+        assert!(!allowed("ubuntu:22.04", "ubuntu:24.04"));
+        assert!(!allowed("ubuntu:22.04", &format!("ubuntu:22.04@{d}")));
+        assert!(!allowed("ubuntu:22.04", &format!("ubuntu@{d}")));
+        // A digest entry: that digest only.
+        assert!(allowed(&format!("ubuntu@{d}"), &format!("ubuntu@{d}")));
+        assert!(allowed(&format!("ubuntu@{d}"), &format!("ubuntu:x@{d}")));
+        assert!(!allowed(&format!("ubuntu@{d}"), "ubuntu"));
+        // A bare name: any tag or digest of that repository only.
+        assert!(allowed("ubuntu", &format!("ubuntu@{d}")));
+        assert!(!allowed("ubuntu", "evil/ubuntu"));
+        assert!(!allowed("ubuntu", "ubuntu.evil.io/ubuntu"));
+        // Upper case: Docker refuses it in the path; the registry is
+        // case-insensitive.
+        assert!(!allowed("ubuntu", "UBUNTU"));
+        assert!(allowed("registry.local/ray/*", "REGISTRY.LOCAL/ray/x:1"));
+        assert!(!allowed("registry.local/ray/*", "registry.local/rayx/x"));
+        assert!(!allowed(
+            "registry.local/ray/*",
+            "registry.local.evil/ray/x"
+        ));
+        assert!(allowed(
+            "registry.local/ray/*",
+            &format!("registry.local/ray/x@{d}")
+        ));
+        // Prefixes of short names.
+        assert!(allowed("argus-shim-test:*", "argus-shim-test:abc"));
+        assert!(allowed(
+            "docker.io/library/argus-shim-test:*",
+            "argus-shim-test:abc"
+        ));
+        assert!(!allowed("argus-shim-test:*", "argus-shim-test2:abc"));
+        // Image ids never match a name.
+        assert!(!allowed("*", "8ad31b3c75e9"));
+        assert!(!allowed("docker.io/*", &d[7..]));
+        assert!(!allowed("*", d));
+        assert_eq!(canonical("ubuntu"), "docker.io/library/ubuntu:latest");
+    }
+
+    #[test]
     fn volume_sources_under_docker_data_root_are_allowed() {
         let p = strict();
         assert_eq!(
@@ -298,8 +948,8 @@ mod tests {
         );
         assert_eq!(
             p.bad_bind("/mnt/d", "/var/lib/docker/overlay2", false),
-            Some("docker-data")
+            Some("no-docker-data-bind")
         );
-        assert_eq!(p.bad_bind("/host", "/", false), Some("host-root"));
+        assert_eq!(p.bad_bind("/host", "/", false), Some("no-host-root-bind"));
     }
 }

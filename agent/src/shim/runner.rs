@@ -3,7 +3,7 @@
 //! remove. The shim removes `--rm` containers itself (not AutoRemove), so a
 //! fast container's exit code cannot vanish with it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Component, Path, PathBuf};
@@ -14,9 +14,9 @@ use bollard::errors::Error as BollardError;
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
-    DownloadFromContainerOptionsBuilder, KillContainerOptionsBuilder,
-    RemoveContainerOptionsBuilder, ResizeContainerTTYOptionsBuilder, StartContainerOptions,
-    UploadToContainerOptionsBuilder, WaitContainerOptionsBuilder,
+    DownloadFromContainerOptionsBuilder, InspectContainerOptions, KillContainerOptionsBuilder,
+    ResizeContainerTTYOptionsBuilder, StartContainerOptions, UploadToContainerOptionsBuilder,
+    WaitContainerOptionsBuilder,
 };
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -25,8 +25,11 @@ use tokio::io::AsyncWriteExt;
 use super::args::{PullPolicy, RunOpts};
 use super::docker::{self, is_not_found, message};
 use super::janitor::{self, JanitorScope};
+use super::labels::LABEL_OWNER;
+use super::owner;
 use super::policy::Policy;
-use super::translate::{self, Context, Copy};
+use super::selfid::{normalize, SelfContainer};
+use super::translate::{self, BindCopy, Context};
 use super::watchdog;
 use super::{ShimError, EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND, EXIT_SHIM};
 
@@ -153,24 +156,10 @@ async fn create(
         )))
 }
 
-/// Removes container `id` (force, with its anonymous volumes); a container
-/// already gone is fine.
-pub async fn remove(docker: &Docker, id: &str) {
-    let opts = RemoveContainerOptionsBuilder::new()
-        .force(true)
-        .v(true)
-        .build();
-    match docker.remove_container(id, Some(opts)).await {
-        Ok(()) => {}
-        Err(e) if is_not_found(&e) => {}
-        Err(e) => tracing::warn!(id, error = %message(&e), "failed to remove container"),
-    }
-}
-
 async fn context(
     docker: &Docker,
     o: &RunOpts,
-    me: Option<translate::SelfContainer>,
+    me: Option<SelfContainer>,
 ) -> Result<Context, ShimError> {
     let runtimes = match &o.runtime {
         Some(_) => {
@@ -186,7 +175,7 @@ async fn context(
     let mut canonical = HashMap::new();
     for v in o.volumes.iter().filter(|v| v.is_path()) {
         let p = cwd.join(&v.source);
-        let c = std::fs::canonicalize(&p).unwrap_or_else(|_| translate::normalize(&p));
+        let c = canonical_path(&p);
         canonical.insert(v.source.clone(), c.display().to_string());
     }
     let mut env_files = HashMap::new();
@@ -197,7 +186,7 @@ async fn context(
         })?;
         env_files.insert(f.clone(), text);
     }
-    let owner = docker::owner_of(me.as_ref());
+    let owner = owner::node_owner(me.as_ref())?;
     let pid = std::process::id();
     Ok(Context {
         me,
@@ -223,11 +212,65 @@ async fn context(
     })
 }
 
+/// Returns the container references of `o` (`container:X` namespaces, the
+/// name `--replace` would remove) that the shim may touch: those labelled
+/// with `owner`, and a `--replace` name that no container has.
+async fn owned_refs(
+    docker: &Docker,
+    o: &RunOpts,
+    owner: &str,
+) -> Result<HashSet<String>, ShimError> {
+    let mut refs: Vec<(&str, bool)> = [&o.network, &o.pid, &o.ipc]
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.strip_prefix("container:"))
+        .map(|c| (c, false))
+        .collect();
+    if let (true, Some(name)) = (o.replace, &o.name) {
+        refs.push((name, true));
+    }
+    let mut owned = HashSet::new();
+    for (r, absent_ok) in refs {
+        match docker
+            .inspect_container(r, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(i) => {
+                let label = i
+                    .config
+                    .and_then(|c| c.labels)
+                    .and_then(|l| l.get(LABEL_OWNER).cloned());
+                if label.as_deref() == Some(owner) {
+                    owned.insert(r.to_string());
+                }
+            }
+            Err(e) if is_not_found(&e) => {
+                if absent_ok {
+                    owned.insert(r.to_string());
+                }
+            }
+            Err(e) => return Err(ShimError::docker(format!("inspect container {r}"))(e)),
+        }
+    }
+    Ok(owned)
+}
+
+/// Returns `p` with symlinks and `..` resolved in this container; lexically
+/// when it does not exist (yet).
+fn canonical_path(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| normalize(p))
+}
+
 /// Runs `podman run` and returns its exit code.
 pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
+    let mut policy = Policy::from_env(|k| std::env::var(k).ok())?;
     let docker = docker::connect().await?;
     let me = docker::whoami(&docker).await?;
+    policy.resolve(me.as_ref(), canonical_path);
     let ctx = context(&docker, &o, me).await?;
+    if !policy.relaxed {
+        policy.owned_refs = owned_refs(&docker, &o, &ctx.owner).await?;
+    }
     // The janitor runs at each shim start, beside the real work.
     let sweeper = {
         let (docker, owner) = (docker.clone(), ctx.owner.clone());
@@ -241,15 +284,21 @@ pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
     for w in &plan.warnings {
         eprintln!("WARNING: {w}");
     }
-    Policy::from_env(|k| std::env::var(k).ok()).check_run(&o, &plan)?;
+    policy.check_run(&o, &plan)?;
+    if policy.relaxed {
+        tracing::warn!(
+            image = %o.image,
+            "ARGUS_SHIM_POLICY=relaxed: this container is not checked against the default policy"
+        );
+    }
     if let (true, Some(name)) = (o.replace, &o.name) {
-        remove(&docker, name).await;
+        docker::remove(&docker, name).await;
     }
     let id = create(&docker, &o, plan.body.clone()).await?;
     let code = run_created(&docker, &o, &plan.copies, &id).await;
     // Detached --rm is Docker's AutoRemove, unless the start failed.
     if o.rm && (!o.detach || !matches!(code, Ok(0))) {
-        remove(&docker, &id).await;
+        docker::remove(&docker, &id).await;
     }
     sweeper.abort();
     code
@@ -258,7 +307,7 @@ pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
 async fn run_created(
     docker: &Docker,
     o: &RunOpts,
-    copies: &[Copy],
+    copies: &[BindCopy],
     id: &str,
 ) -> Result<u8, ShimError> {
     if let Some(f) = &o.cidfile {
@@ -532,7 +581,7 @@ pub fn untar_into(bytes: &[u8], dest: &Path) -> Result<usize, ShimError> {
     Ok(n)
 }
 
-async fn copy_in(docker: &Docker, id: &str, c: &Copy) -> Result<(), ShimError> {
+async fn copy_in(docker: &Docker, id: &str, c: &BindCopy) -> Result<(), ShimError> {
     let bytes = tar_for(Path::new(&c.source), &c.target)?;
     let opts = UploadToContainerOptionsBuilder::new().path("/").build();
     docker
@@ -544,7 +593,7 @@ async fn copy_in(docker: &Docker, id: &str, c: &Copy) -> Result<(), ShimError> {
         )))
 }
 
-async fn copy_back(docker: &Docker, id: &str, c: &Copy) -> Result<(), ShimError> {
+async fn copy_back(docker: &Docker, id: &str, c: &BindCopy) -> Result<(), ShimError> {
     let opts = DownloadFromContainerOptionsBuilder::new()
         .path(&c.target)
         .build();

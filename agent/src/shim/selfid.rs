@@ -1,9 +1,200 @@
-//! Finding the id of the container the shim runs in.
+//! The container the shim runs in (the Ray container): finding its id,
+//! what translation needs from its inspect, and how its paths map to the
+//! host.
 //!
 //! Candidates come from, in order: `ARGUS_SHIM_SELF_ID`, the bind mounts of
 //! `/etc/hostname` & co. in `/proc/self/mountinfo` (cgroup v1 and v2), the
 //! cgroup path (v1 only) and the hostname (a 12-hex short id, wrong with
 //! `--network=host`). The caller confirms each with an inspect.
+
+use std::path::{Component, Path, PathBuf};
+
+use bollard::models::{ContainerInspectResponse, MountPointTypeEnum};
+
+/// A mount of the Ray container, from its inspect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelfMount {
+    pub kind: MountKind,
+    pub source: String,
+    pub destination: String,
+    pub rw: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountKind {
+    Bind,
+    Volume,
+    Other,
+}
+
+/// The GPUs the caller has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gpus {
+    /// Every GPU of the host (the shim runs on the host, or the Ray container
+    /// got `--gpus all`).
+    All,
+    /// These device ids (indices or UUIDs), in the order the caller sees them.
+    List(Vec<String>),
+}
+
+/// The Ray container the shim runs in, as far as translation needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelfContainer {
+    pub id: String,
+    pub network_mode: String,
+    pub pid_mode: String,
+    pub ipc_mode: String,
+    pub uts_mode: String,
+    pub hostname: String,
+    pub mounts: Vec<SelfMount>,
+    pub gpus: Gpus,
+    /// Host paths of the devices it was given (`--device`).
+    pub devices: Vec<String>,
+}
+
+impl SelfContainer {
+    /// Extracts what translation needs from `GET /containers/{id}/json`.
+    pub fn from_inspect(i: &ContainerInspectResponse) -> SelfContainer {
+        let hc = i.host_config.clone().unwrap_or_default();
+        let cfg = i.config.clone().unwrap_or_default();
+        let mounts = i
+            .mounts
+            .iter()
+            .flatten()
+            .map(|m| SelfMount {
+                kind: match m.typ {
+                    Some(MountPointTypeEnum::BIND) => MountKind::Bind,
+                    Some(MountPointTypeEnum::VOLUME) => MountKind::Volume,
+                    _ => MountKind::Other,
+                },
+                source: m.source.clone().unwrap_or_default(),
+                destination: m.destination.clone().unwrap_or_default(),
+                rw: m.rw.unwrap_or(false),
+            })
+            .collect();
+        let env_gpus = cfg.env.iter().flatten().find_map(|e| {
+            e.strip_prefix("NVIDIA_VISIBLE_DEVICES=")
+                .map(str::to_string)
+        });
+        let mut gpus = Gpus::List(vec![]);
+        for r in hc.device_requests.iter().flatten() {
+            let is_gpu = r
+                .driver
+                .as_deref()
+                .is_none_or(|d| d.is_empty() || d == "nvidia")
+                || r.capabilities
+                    .iter()
+                    .flatten()
+                    .flatten()
+                    .any(|c| c == "gpu");
+            if !is_gpu {
+                continue;
+            }
+            if r.count == Some(-1) {
+                gpus = Gpus::All;
+            } else if let Some(ids) = &r.device_ids {
+                if let Gpus::List(l) = &mut gpus {
+                    l.extend(ids.iter().flat_map(|s| s.split(',')).map(str::to_string));
+                }
+            } else if let Some(n) = r.count {
+                if let Gpus::List(l) = &mut gpus {
+                    l.extend((0..n).map(|i| i.to_string()));
+                }
+            }
+        }
+        if gpus == Gpus::List(vec![]) && (hc.runtime.as_deref() == Some("nvidia")) {
+            gpus = match env_gpus.as_deref() {
+                Some("all") => Gpus::All,
+                Some("none") | Some("void") | Some("") | None => Gpus::List(vec![]),
+                Some(list) => Gpus::List(list.split(',').map(str::to_string).collect()),
+            };
+        }
+        SelfContainer {
+            id: i.id.clone().unwrap_or_default(),
+            network_mode: hc.network_mode.unwrap_or_default(),
+            pid_mode: hc.pid_mode.unwrap_or_default(),
+            ipc_mode: hc.ipc_mode.unwrap_or_default(),
+            uts_mode: hc.uts_mode.unwrap_or_default(),
+            hostname: cfg.hostname.unwrap_or_default(),
+            mounts,
+            gpus,
+            devices: hc
+                .devices
+                .iter()
+                .flatten()
+                .filter_map(|d| d.path_on_host.clone())
+                .collect(),
+        }
+    }
+}
+
+/// Where a caller path lives on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPath {
+    /// At this host path; `read_only` when the Ray container's mount is.
+    At {
+        path: String,
+        read_only: bool,
+        via_volume: bool,
+    },
+    /// Nowhere: the path is on the Ray container's own file system or tmpfs.
+    NotVisible,
+}
+
+/// Returns true if and only if `prefix` is `path` or a path-component
+/// prefix of it (`/data` is a prefix of `/data/x`, not of `/database`).
+fn is_path_prefix(prefix: &Path, path: &Path) -> bool {
+    path.starts_with(prefix)
+}
+
+/// Lexically normalises an absolute path (`.` and `..`), for paths that do
+/// not exist yet and so cannot be canonicalised.
+pub fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(n) => out.push(n),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Maps a caller path (already canonical) to the host through `me`'s mounts:
+/// the mount with the longest destination that is a path prefix wins.
+pub fn to_host(me: Option<&SelfContainer>, path: &Path) -> HostPath {
+    let Some(me) = me else {
+        return HostPath::At {
+            path: path.display().to_string(),
+            read_only: false,
+            via_volume: false,
+        };
+    };
+    let best = me
+        .mounts
+        .iter()
+        .filter(|m| is_path_prefix(Path::new(&m.destination), path))
+        .max_by_key(|m| Path::new(&m.destination).components().count());
+    match best {
+        Some(m) if m.kind != MountKind::Other && !m.source.is_empty() => {
+            let suffix = path.strip_prefix(&m.destination).unwrap_or(Path::new(""));
+            let host = if suffix.as_os_str().is_empty() {
+                PathBuf::from(&m.source)
+            } else {
+                Path::new(&m.source).join(suffix)
+            };
+            HostPath::At {
+                path: host.display().to_string(),
+                read_only: !m.rw,
+                via_volume: m.kind == MountKind::Volume,
+            }
+        }
+        _ => HostPath::NotVisible,
+    }
+}
 
 /// Returns true if and only if `s` is `n` lowercase hex digits.
 fn is_hex(s: &str, n: usize) -> bool {

@@ -43,6 +43,12 @@ pub fn run(flags: &Flags) -> Outcome {
         source,
     })?;
     let mut node = Node::new(cfg.clone(), ip, source);
+    // The shim (started by the raylet) finds this node's owner id under the
+    // same state folder as the agent's janitor, however it was given.
+    node.add_ray_env(vec![(
+        "ARGUS_STATE_DIR".to_string(),
+        cfg.state_dir.display().to_string(),
+    )]);
     // Shim variables given as flags reach the shim through Ray's environment.
     node.add_ray_env(
         cfg.settings

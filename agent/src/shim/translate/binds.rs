@@ -1,0 +1,95 @@
+//! Binds, translated through the Ray container's mounts: a bind source is
+//! a path inside the Ray container, mapped to the host through its own
+//! mounts; one that is on the container's own file system is copied in and
+//! back for an attached `--rm`, else refused.
+
+use std::path::Path;
+
+use bollard::models::HostConfig;
+
+use super::{BindCopy, Context, Plan, TranslateError};
+use crate::shim::args::RunOpts;
+use crate::shim::selfid::{normalize, to_host, HostPath};
+
+/// Translates `-v` and `--tmpfs` into binds and tmpfs mounts.
+pub fn apply_binds(
+    o: &RunOpts,
+    ctx: &Context,
+    hc: &mut HostConfig,
+    plan: &mut Plan,
+) -> Result<(), TranslateError> {
+    let me = ctx.me.as_ref();
+    let mut binds = Vec::new();
+    for v in &o.volumes {
+        if v.source.is_empty() || !v.is_path() {
+            // Anonymous or named volume: a name on the host daemon.
+            let mut spec = if v.source.is_empty() {
+                v.target.clone()
+            } else {
+                format!("{}:{}", v.source, v.target)
+            };
+            if !v.options.is_empty() {
+                spec = format!("{spec}:{}", v.options.join(","));
+            }
+            binds.push(spec);
+            continue;
+        }
+        let canonical = ctx
+            .canonical
+            .get(&v.source)
+            .cloned()
+            .unwrap_or_else(|| normalize(Path::new(&v.source)).display().to_string());
+        match to_host(me, Path::new(&canonical)) {
+            HostPath::At {
+                path,
+                read_only,
+                via_volume,
+            } => {
+                let mut opts: Vec<String> = v
+                    .options
+                    .iter()
+                    .filter(|o| *o != "ro" && *o != "rw")
+                    .cloned()
+                    .collect();
+                if read_only || v.read_only() {
+                    opts.insert(0, "ro".into());
+                }
+                plan.bind_sources
+                    .push((canonical.clone(), path.clone(), via_volume));
+                binds.push(if opts.is_empty() {
+                    format!("{path}:{}", v.target)
+                } else {
+                    format!("{path}:{}:{}", v.target, opts.join(","))
+                });
+            }
+            HostPath::NotVisible => {
+                if o.rm && !o.detach {
+                    plan.copies.push(BindCopy {
+                        source: canonical,
+                        target: v.target.clone(),
+                    });
+                } else {
+                    return Err(TranslateError::NotHostVisible {
+                        path: v.source.clone(),
+                        target: v.target.clone(),
+                    });
+                }
+            }
+        }
+    }
+    if !binds.is_empty() {
+        hc.binds = Some(binds);
+    }
+    if !o.tmpfs.is_empty() {
+        hc.tmpfs = Some(
+            o.tmpfs
+                .iter()
+                .map(|t| match t.split_once(':') {
+                    Some((d, opts)) => (d.to_string(), opts.to_string()),
+                    None => (t.clone(), String::new()),
+                })
+                .collect(),
+        );
+    }
+    Ok(())
+}
