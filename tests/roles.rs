@@ -14,6 +14,7 @@ use support::{alive, Agent, Sandbox};
 fn record(ip: &str, port: u16, instance: &str, generation: u64, seq: u64) -> HeadRecord {
     let now = SystemTime::now();
     HeadRecord {
+        gcs_ft: false,
         schema_version: SCHEMA_VERSION,
         cluster_name: "argus-ray".into(),
         head_ip: ip.into(),
@@ -200,24 +201,253 @@ fn standby_head_takes_over_only_after_the_first_stops() {
         .exists());
 }
 
+/// Kills an agent and its fake Ray with SIGKILL: no withdraw, no cleanup,
+/// as when a container is killed or the machine dies.
+fn kill_hard(sb: &Sandbox, a: &mut Agent) {
+    unsafe { libc::kill(-a.pid(), libc::SIGKILL) };
+    let _ = a.child.wait();
+    a.exit = a.child.try_wait().ok().flatten();
+    for ev in sb.ray_events(&a.name) {
+        let pids = ev["pids"].as_array().cloned().unwrap_or_default();
+        for p in ev["pid"]
+            .as_i64()
+            .into_iter()
+            .chain(pids.iter().filter_map(|p| p.as_i64()))
+        {
+            unsafe { libc::kill(p as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+/// The sandbox's settings with the default TTL of 60 s: anything that
+/// happens within seconds did not wait for a TTL.
+fn env_ttl_60(sb: &Sandbox, name: &str, role: &str) -> std::collections::BTreeMap<String, String> {
+    let mut env = sb.env(name, role);
+    env.insert("ARGUS_TTL_S".into(), "60".into());
+    env
+}
+
 #[test]
-fn standby_takes_over_a_record_that_stops_changing_for_a_ttl() {
+fn standby_takes_over_at_once_when_the_recorded_gcs_refuses() {
     let sb = Sandbox::new();
-    // A crashed head's leftover: running, but nobody refreshes it.
-    let stale = record("127.0.0.9", 1234, "dead", 4, 10);
+    // A crashed head's leftover: running, nobody refreshes it, and nothing
+    // listens at its GCS address (connections are refused).
+    let port = support::free_port();
+    let stale = record("127.0.0.9", port, "dead", 4, 10);
     publish(&sb.head_file(), &stale.to_bytes()).unwrap();
     let t0 = Instant::now();
-    let mut b = Agent::start(&sb, "b", &sb.env("b", "head"));
-    b.wait_for("takeover", Duration::from_secs(15), |_| {
+    let mut b = Agent::start(&sb, "b", &env_ttl_60(&sb, "b", "head"));
+    b.wait_for("takeover", Duration::from_secs(20), |_| {
+        sb.record()
+            .is_some_and(|r| r["head_ip"] == "127.0.0.1" && r["state"] == "running")
+    });
+    assert!(
+        t0.elapsed() < Duration::from_secs(15),
+        "waited {:?}: a refused GCS needs no TTL (60 s)",
+        t0.elapsed()
+    );
+    assert_eq!(sb.record().unwrap()["generation"], 5);
+    let st = b.status().unwrap();
+    assert!(
+        st["takeover"].as_str().unwrap_or("").contains("refused"),
+        "status names the rule: {st}"
+    );
+}
+
+#[test]
+fn a_head_killed_with_its_ray_serves_again_at_once_at_the_same_address() {
+    let sb = Sandbox::new();
+    let head_env = env_ttl_60(&sb, "h", "head");
+    let mut h = Agent::start(&sb, "h", &head_env);
+    let mut w = Agent::start(&sb, "w", &env_ttl_60(&sb, "w", "worker"));
+    w.wait_for("worker joined", Duration::from_secs(20), |_| {
+        sb.ray_starts("w").len() == 1
+    });
+    let first = sb.record().unwrap();
+    kill_hard(&sb, &mut h);
+    assert_eq!(sb.record().unwrap()["state"], "running", "nobody withdrew");
+    // The container restarts: same address, same port, a new agent.
+    let t0 = Instant::now();
+    let mut h2 = Agent::start(&sb, "h2", &head_env);
+    h2.wait_for("served again", Duration::from_secs(30), |_| {
+        sb.record()
+            .is_some_and(|r| r["state"] == "running" && r["instance_id"] != first["instance_id"])
+    });
+    let served = t0.elapsed();
+    w.wait_for("worker rejoined", Duration::from_secs(30), |_| {
+        sb.ray_starts("w").len() == 2
+    });
+    let rejoined = t0.elapsed();
+    eprintln!("served again after {served:?}, worker rejoined after {rejoined:?}");
+    assert!(
+        rejoined < Duration::from_secs(10),
+        "{rejoined:?}: the restarted head must not wait for the TTL (60 s)"
+    );
+    let r = sb.record().unwrap();
+    assert_eq!(r["generation"], first["generation"].as_u64().unwrap() + 1);
+    let st = h2.status().unwrap();
+    assert!(
+        st["takeover"]
+            .as_str()
+            .unwrap_or("")
+            .contains("previous life"),
+        "status names the rule: {st}"
+    );
+}
+
+#[test]
+fn a_standby_on_another_address_takes_over_when_the_holders_gcs_refuses() {
+    let sb = Sandbox::new();
+    let mut a = Agent::start(&sb, "a", &env_ttl_60(&sb, "a", "head"));
+    a.wait_for("head a publishes", Duration::from_secs(20), |_| {
+        sb.record().is_some_and(|r| r["state"] == "running")
+    });
+    let mut env_b = env_ttl_60(&sb, "b", "head");
+    env_b.insert("ARGUS_NODE_IP".into(), "127.0.0.2".into());
+    let mut b = Agent::start(&sb, "b", &env_b);
+    b.wait_for("standby on a live head", Duration::from_secs(20), |b| {
+        b.state() == "standby"
+            && b.status()
+                .is_some_and(|s| s["takeover"].as_str().unwrap_or("").contains("accepts"))
+    });
+    let mut w = Agent::start(&sb, "w", &env_ttl_60(&sb, "w", "worker"));
+    w.wait_for("worker joined a", Duration::from_secs(20), |_| {
+        sb.ray_starts("w").len() == 1
+    });
+    kill_hard(&sb, &mut a);
+    let t0 = Instant::now();
+    w.wait_for("worker follows b", Duration::from_secs(30), |_| {
+        addresses(&sb, "w")
+            .last()
+            .is_some_and(|a| a.starts_with("127.0.0.2:"))
+    });
+    let took = t0.elapsed();
+    eprintln!("worker on the new head {took:?} after the old head was killed");
+    assert!(
+        took < Duration::from_secs(10),
+        "{took:?}: no TTL wait (60 s)"
+    );
+    assert_eq!(sb.record().unwrap()["generation"], 2);
+}
+
+#[test]
+fn a_standby_never_takes_the_record_from_a_head_whose_gcs_accepts() {
+    let sb = Sandbox::new();
+    // The holder's agent is hung (its record stopped changing long ago)
+    // but its GCS accepts connections: it is live.
+    let gcs = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = gcs.local_addr().unwrap().port();
+    let held = record("127.0.0.1", port, "live", 3, 10);
+    publish(&sb.head_file(), &held.to_bytes()).unwrap();
+    let before = std::fs::read(sb.head_file()).unwrap();
+    let mut env = sb.env("b", "head");
+    env.insert("ARGUS_NODE_IP".into(), "127.0.0.2".into());
+    let mut b = Agent::start(&sb, "b", &env);
+    b.wait_for("standby", Duration::from_secs(20), |b| {
+        b.state() == "standby"
+    });
+    // Hold it well past the TTL (3 s here): nothing may move.
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        assert_eq!(b.state(), "standby", "{}", b.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        std::fs::read(sb.head_file()).unwrap(),
+        before,
+        "the record moved"
+    );
+    assert!(sb.ray_starts("b").is_empty(), "standby started ray");
+    assert!(!sb
+        .shared()
+        .join("ray/discovery/argus-ray/epochs/4")
+        .exists());
+    drop(gcs);
+}
+
+/// A network namespace of the test's own with loopback up, removed on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new() -> Self {
+        let name = format!("argus-t{}-{}", std::process::id(), support::free_port());
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("ip")
+                .args(args)
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!("cannot run ip (iproute2; root needed for network namespaces): {e}")
+                });
+            assert!(
+                out.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(&["netns", "add", &name]);
+        let ns = Netns(name);
+        run(&["-n", &ns.0, "link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn exec(&self, args: &[&str]) {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.0])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("ip netns exec {args:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "ip netns exec {} {args:?}: {}",
+            self.0,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .status();
+    }
+}
+
+#[test]
+fn a_standby_waits_the_ttl_when_the_holders_gcs_drops_packets() {
+    let sb = Sandbox::new();
+    // Inside the test's own network namespace, packets to the holder's GCS
+    // address vanish (iptables DROP): probes time out, as in a partition.
+    let ns = Netns::new();
+    ns.exec(&["iptables", "-A", "OUTPUT", "-d", "127.0.0.9", "-j", "DROP"]);
+    let stale = record("127.0.0.9", 4321, "partitioned", 4, 10);
+    publish(&sb.head_file(), &stale.to_bytes()).unwrap();
+    let t0 = Instant::now();
+    let mut b = Agent::start_with(
+        &sb,
+        "b",
+        &sb.env("b", "head"),
+        &["ip", "netns", "exec", &ns.0],
+    );
+    b.wait_for("inconclusive standby", Duration::from_secs(20), |b| {
+        b.status().is_some_and(|s| {
+            s["takeover"]
+                .as_str()
+                .unwrap_or("")
+                .contains("inconclusive")
+        })
+    });
+    b.wait_for("takeover after the TTL", Duration::from_secs(30), |_| {
         sb.record()
             .is_some_and(|r| r["head_ip"] == "127.0.0.1" && r["state"] == "running")
     });
     assert!(
         t0.elapsed() >= Duration::from_secs(3),
-        "took over before the TTL: {:?}",
+        "took over before the TTL (3 s) on inconclusive probes: {:?}",
         t0.elapsed()
     );
     assert_eq!(sb.record().unwrap()["generation"], 5);
+    drop(b);
 }
 
 #[test]

@@ -267,6 +267,8 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_RESTART_BACKOFF_MAX_S", N, Kind::Seconds { min: 0.1 }, Value("60"), "restart delay cap"),
     var("ARGUS_STABLE_RUN_S", N, Kind::Seconds { min: 0.1 }, Value("60"), "a run this long resets the backoff"),
     var("ARGUS_FILE_EVENTS", D, Kind::Bool, Value("on"), "use inotify besides polling"),
+    var("ARGUS_GCS_FT_REDIS", N, Kind::Text, Unset("(off)"), "GCS fault tolerance: external Redis, host:port or redis://[[user]:password@]host:port"),
+    var("ARGUS_GCS_FT_ZOMBIE_S", N, Kind::Seconds { min: 10.0 }, Value("300"), "with GCS FT: a worker cut off from the GCS this long rejoins; also Ray's GCS reconnect timeout"),
     var("ARGUS_SHIM_POLICY", S, Kind::Text, Unset("(strict)"), "`relaxed` lifts every shim rule but the image allow-list"),
     var("ARGUS_SHIM_ALLOWED_IMAGES", S, Kind::Text, Unset("(any)"), "comma-separated image patterns the shim may run"),
     var("ARGUS_SHIM_LOG", S, Kind::Text, Unset("warn"), "the shim's log filter"),
@@ -769,12 +771,93 @@ pub struct Config {
     pub stable_run: Duration,
     /// Use file events (inotify) to react faster; polling stays primary.
     pub file_events: bool,
+    /// GCS fault tolerance (R-WRK-7): the external Redis, if configured.
+    pub gcs_ft_redis: Option<RedisAddr>,
+    /// With GCS FT: how long a worker may stay cut off from the GCS before
+    /// it rejoins (the zombie-worker guard).
+    pub gcs_ft_zombie: Duration,
     pub log: Logging,
     pub preflight: PreflightConfig,
     pub hook: HookConfig,
     pub shim: ShimConfig,
     /// The effective values and where each came from.
     pub settings: Vec<Setting>,
+}
+
+/// The external Redis of GCS fault tolerance (`ARGUS_GCS_FT_REDIS`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisAddr {
+    /// `host:port`, as Ray's `RAY_REDIS_ADDRESS` takes it.
+    pub address: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for RedisAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisAddr")
+            .field("address", &self.address)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+impl RedisAddr {
+    /// Parses `host:port` or `redis://[[user]:password@]host:port[/]`.
+    pub fn parse(v: &str) -> Result<Self, String> {
+        let v = v.trim();
+        let (userinfo, hostport) = match v.split_once("://") {
+            Some(("redis", rest)) => {
+                let rest = rest.strip_suffix('/').unwrap_or(rest);
+                if rest.contains('/') {
+                    return Err("a database number is not supported (Ray uses database 0)".into());
+                }
+                match rest.rsplit_once('@') {
+                    Some((u, h)) => (Some(u), h),
+                    None => (None, rest),
+                }
+            }
+            Some((scheme, _)) => {
+                return Err(format!(
+                    "scheme {scheme}:// is not supported (redis:// or host:port; Ray 2.53's rediss:// TLS needs certificates the agent does not configure)"
+                ))
+            }
+            None => (None, v),
+        };
+        let (host, port) = hostport
+            .rsplit_once(':')
+            .ok_or("expected host:port or redis://[[user]:password@]host:port")?;
+        let host_ok = !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".-_[]:".contains(c));
+        if !host_ok {
+            return Err(format!("{host:?} is not a host name or address"));
+        }
+        match port.parse::<u16>() {
+            Ok(p) if p > 0 => {}
+            _ => return Err(format!("port {port:?} is not 1-65535")),
+        }
+        let (username, password) = match userinfo {
+            None => (None, None),
+            Some(u) => match u.split_once(':') {
+                Some((user, pass)) => (
+                    (!user.is_empty()).then(|| user.to_string()),
+                    Some(pass.to_string()),
+                ),
+                None => (Some(u.to_string()), None),
+            },
+        };
+        if password.as_deref() == Some("") {
+            return Err("the password after ':' is empty".into());
+        }
+        Ok(Self {
+            address: format!("{host}:{port}"),
+            username,
+            password,
+        })
+    }
 }
 
 /// `ray start` flags the agent sets itself.
@@ -867,6 +950,14 @@ impl Config {
         }
         let stable_run = r.seconds("ARGUS_STABLE_RUN_S")?;
         let file_events = r.flag("ARGUS_FILE_EVENTS")?;
+        let gcs_ft_redis = r
+            .text("ARGUS_GCS_FT_REDIS")?
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| {
+                RedisAddr::parse(&v).map_err(|why| ConfigError::new("ARGUS_GCS_FT_REDIS", &v, why))
+            })
+            .transpose()?;
+        let gcs_ft_zombie = r.seconds("ARGUS_GCS_FT_ZOMBIE_S")?;
         let shim = ShimConfig::read(&mut r)?;
         Ok(Config {
             role,
@@ -888,6 +979,8 @@ impl Config {
             backoff_max,
             stable_run,
             file_events,
+            gcs_ft_redis,
+            gcs_ft_zombie,
             log,
             preflight,
             hook,

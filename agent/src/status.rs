@@ -61,6 +61,18 @@ pub struct Status {
     pub crash_loop: bool,
     pub last_exit: Option<String>,
     pub next_restart_in_s: Option<f64>,
+    /// Head: the rule that decided the last takeover or standby
+    /// (R-HEAD-5), with its evidence.
+    #[serde(default)]
+    pub takeover: Option<String>,
+    /// Worker: what the last probes of the head's GCS found when the record
+    /// stopped changing (e.g. "refusing connections for 12 s").
+    #[serde(default)]
+    pub head_gcs: Option<String>,
+    /// GCS fault tolerance (R-WRK-7) is on in the record this node follows
+    /// or publishes.
+    #[serde(default)]
+    pub gcs_ft: bool,
     pub updated_at: String,
 }
 

@@ -6,20 +6,22 @@
 
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Seen {
-    Nothing,
-    Missing,
-    Bytes(Vec<u8>),
-}
-
 /// Tracks the last observed bytes of the record and when they changed.
+///
+/// A file that goes missing and comes back with the same bytes did not
+/// change (an NFS flap, or a dead head's record reappearing): only new bytes
+/// are a refresh. A missing file does not reset how long the record has
+/// stood unchanged.
 #[derive(Debug, Clone)]
 pub struct Lease {
-    seen: Seen,
+    /// The last bytes seen, if any.
+    last: Option<Vec<u8>>,
+    /// The last look found no file.
+    missing: bool,
     /// When the bytes last changed (a real change, not the first look).
     changed_at: Option<Instant>,
-    /// When the current bytes were first seen (change or first look).
+    /// When the current bytes were first seen (change or first look), or
+    /// when this tracker started if it has seen no bytes yet.
     since: Instant,
 }
 
@@ -27,25 +29,28 @@ impl Lease {
     /// Creates a tracker that has seen nothing yet.
     pub fn new(now: Instant) -> Self {
         Self {
-            seen: Seen::Nothing,
+            last: None,
+            missing: false,
             changed_at: None,
             since: now,
         }
     }
 
     /// Records the bytes read at `now`; returns true if and only if they
-    /// differ from the last observation (a first look is not a change:
-    /// a leftover file from a dead head must not look alive).
+    /// differ from the last bytes seen (a first look is not a change: a
+    /// leftover file from a dead head must not look alive; a file that
+    /// appears after having been missing from the first look is).
     pub fn observe(&mut self, raw: &[u8], now: Instant) -> bool {
-        match &self.seen {
-            Seen::Bytes(b) if b.as_slice() == raw => false,
-            Seen::Nothing => {
-                self.seen = Seen::Bytes(raw.to_vec());
+        let was_missing = std::mem::replace(&mut self.missing, false);
+        match &self.last {
+            Some(b) if b.as_slice() == raw => false,
+            None if !was_missing => {
+                self.last = Some(raw.to_vec());
                 self.since = now;
                 false
             }
             _ => {
-                self.seen = Seen::Bytes(raw.to_vec());
+                self.last = Some(raw.to_vec());
                 self.changed_at = Some(now);
                 self.since = now;
                 true
@@ -54,11 +59,13 @@ impl Lease {
     }
 
     /// Records that the file was missing at `now`.
-    pub fn observe_missing(&mut self, now: Instant) {
-        if self.seen != Seen::Missing {
-            self.seen = Seen::Missing;
-            self.since = now;
-        }
+    pub fn observe_missing(&mut self, _now: Instant) {
+        self.missing = true;
+    }
+
+    /// Returns true if and only if the last look found no file.
+    pub fn is_missing(&self) -> bool {
+        self.missing
     }
 
     /// Returns true if and only if the bytes changed less than `ttl` ago.
@@ -152,7 +159,39 @@ mod tests {
     }
 
     #[test]
-    fn missing_then_present_counts_as_a_change() {
+    fn missing_then_the_same_bytes_again_is_not_a_change() {
+        let t0 = Instant::now();
+        let mut l = Lease::new(t0);
+        l.observe(&bytes_at(1, 0), t0);
+        l.observe(&bytes_at(2, 0), t0 + Duration::from_secs(10));
+        l.observe_missing(t0 + Duration::from_secs(20));
+        assert!(l.is_missing());
+        // The dead head's last record comes back: not a refresh.
+        assert!(!l.observe(&bytes_at(2, 0), t0 + Duration::from_secs(30)));
+        assert!(!l.is_missing());
+        assert!(!l.is_fresh(TTL, t0 + Duration::from_secs(70)));
+        assert_eq!(
+            l.unchanged_for(t0 + Duration::from_secs(70)),
+            Duration::from_secs(60)
+        );
+        // New bytes are.
+        assert!(l.observe(&bytes_at(3, 0), t0 + Duration::from_secs(71)));
+    }
+
+    #[test]
+    fn a_missing_file_does_not_reset_how_long_the_record_stood_unchanged() {
+        let t0 = Instant::now();
+        let mut l = Lease::new(t0);
+        l.observe(&bytes_at(1, 0), t0);
+        l.observe_missing(t0 + Duration::from_secs(50));
+        assert_eq!(
+            l.unchanged_for(t0 + Duration::from_secs(60)),
+            Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn missing_from_the_first_look_then_present_counts_as_a_change() {
         let t0 = Instant::now();
         let mut l = Lease::new(t0);
         l.observe_missing(t0);

@@ -44,6 +44,11 @@ pub struct HeadRecord {
     pub state: HeadState,
     /// The lease duration the head was configured with, in seconds.
     pub ttl_s: f64,
+    /// The head's GCS keeps its state in an external Redis (R-WRK-7):
+    /// workers ride a restart at the same address through. Absent in
+    /// records of older heads: false.
+    #[serde(default)]
+    pub gcs_ft: bool,
 }
 
 /// Why bytes are not a valid head record.
@@ -196,6 +201,7 @@ pub(crate) mod tests {
 
     pub fn sample() -> HeadRecord {
         HeadRecord {
+            gcs_ft: false,
             schema_version: SCHEMA_VERSION,
             cluster_name: "argus-ray".into(),
             head_ip: "10.0.0.5".into(),

@@ -79,7 +79,7 @@ impl std::fmt::Display for Target {
 }
 
 enum RoleState {
-    Head(HeadRole),
+    Head(Box<HeadRole>),
     Worker(WorkerRole),
 }
 
@@ -129,7 +129,7 @@ impl Node {
         let holder_id = format!("{host}/{}/{}", std::process::id(), short_id());
         let now = Instant::now();
         let role = match cfg.role {
-            Role::Head => RoleState::Head(HeadRole::default()),
+            Role::Head => RoleState::Head(Box::default()),
             Role::Worker => RoleState::Worker(WorkerRole::default()),
         };
         Self {
@@ -340,6 +340,18 @@ impl Node {
             last_exit: self.last_exit.clone(),
             next_restart_in_s: (self.ray.is_none() && self.start_after > now)
                 .then(|| (self.start_after - now).as_secs_f64()),
+            takeover: match &self.role {
+                RoleState::Head(h) => h.rule.clone(),
+                RoleState::Worker(_) => None,
+            },
+            head_gcs: match &self.role {
+                RoleState::Worker(w) => w.gcs_note.clone(),
+                RoleState::Head(_) => None,
+            },
+            gcs_ft: match &self.role {
+                RoleState::Head(_) => self.cfg.gcs_ft_redis.is_some(),
+                RoleState::Worker(_) => self.record.as_ref().is_some_and(|r| r.gcs_ft),
+            },
             updated_at: rfc3339(SystemTime::now()),
         };
         if let Err(e) = status::write(&self.cfg.state_dir, &st) {

@@ -13,6 +13,9 @@ use super::{Event, Node, RoleState, Target, WAIT_LOG_EVERY};
 
 #[derive(Default)]
 pub(super) struct WorkerRole {
+    /// What probes of the joined head's GCS found once its record stopped
+    /// changing (status `head_gcs`).
+    pub(super) gcs_note: Option<String>,
     pub(super) max_generation: u64,
     /// The head the next start will join.
     pub(super) desired: Option<Target>,

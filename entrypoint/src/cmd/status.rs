@@ -39,6 +39,15 @@ pub fn run(json: bool) -> Outcome {
             .head_record_age_s
             .map(|a| format!("{a:.1}s since the record last changed")))
     );
+    if let Some(t) = &st.takeover {
+        println!("takeover:      {t}");
+    }
+    if let Some(g) = &st.head_gcs {
+        println!("head gcs:      {g}");
+    }
+    if st.gcs_ft {
+        println!("gcs ft:        on (external Redis; workers ride head restarts through)");
+    }
     println!("ray pid:       {}", opt(st.ray_pid.map(|p| p.to_string())));
     println!(
         "restarts:      {} (consecutive failures {}{})",
