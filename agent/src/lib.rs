@@ -12,3 +12,4 @@ pub mod shim;
 pub mod status;
 pub mod storage;
 pub mod supervise;
+pub mod watch;

@@ -73,6 +73,10 @@ pub struct Status {
     /// or publishes.
     #[serde(default)]
     pub gcs_ft: bool,
+    /// Worker file events: `on`, `off`, or `degraded to polling: <why>`
+    /// (inotify limits reached; polling alone).
+    #[serde(default)]
+    pub file_events: String,
     pub updated_at: String,
 }
 

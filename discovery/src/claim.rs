@@ -1,7 +1,9 @@
 //! Generation claims (R-HEAD-5): a head takes generation N by creating
 //! `epochs/N` with O_CREAT|O_EXCL, which exactly one creator wins on local
-//! file systems, NFSv3+ and GPFS. Claim files are never deleted, so there is
-//! no stale-lock breaking.
+//! file systems, NFSv3+ and GPFS. There is no stale-lock breaking: a claim
+//! is never released. Only claims far below the newest are pruned
+//! ([`prune_claims`]), so that `epochs/` (scanned by every claim and every
+//! fencing check) stays small however many heads came and went.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -79,6 +81,34 @@ pub fn highest_generation(dir: &Path) -> Result<u64, ClaimError> {
         .unwrap_or(0))
 }
 
+/// How many of the newest claims [`prune_claims`] keeps.
+pub const KEEP_CLAIMS: u64 = 16;
+
+/// Removes the claims of generations more than [`KEEP_CLAIMS`] below
+/// `newest` (which the caller holds); returns how many it removed. The
+/// highest claims are never touched, so [`highest_generation`] stays
+/// right; a head that listed the folder before the last 16 claims were
+/// made cannot win an old number back either, since its publish re-checks
+/// fencing. Errors are ignored: pruning is housekeeping.
+pub fn prune_claims(dir: &Path, newest: u64) -> usize {
+    let Some(below) = newest.checked_sub(KEEP_CLAIMS) else {
+        return 0;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u64>().ok())
+                .is_some_and(|g| g <= below)
+        })
+        .filter(|e| std::fs::remove_file(e.path()).is_ok())
+        .count()
+}
+
 /// Returns who claimed `generation`, if anyone.
 pub fn holder_of(dir: &Path, generation: u64) -> Option<String> {
     std::fs::read_to_string(dir.join(generation.to_string()))
@@ -108,5 +138,28 @@ mod tests {
         assert!(claim_generation(&d, 2, "b").unwrap());
         assert_eq!(highest_generation(&d).unwrap(), 2);
         assert_eq!(holder_of(&d, 2).as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_claims_and_the_highest() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("epochs");
+        for g in 1..=40 {
+            assert!(claim_generation(&d, g, "h").unwrap());
+        }
+        std::fs::write(d.join("notes.txt"), "x").unwrap();
+        assert_eq!(prune_claims(&d, 40), 24);
+        assert_eq!(highest_generation(&d).unwrap(), 40);
+        let mut left: Vec<u64> = std::fs::read_dir(&d)
+            .unwrap()
+            .filter_map(|e| e.unwrap().file_name().to_str()?.parse().ok())
+            .collect();
+        left.sort();
+        assert_eq!(left, (25..=40).collect::<Vec<_>>());
+        assert!(d.join("notes.txt").exists(), "only claims are pruned");
+        // A generation already pruned cannot be claimed below the newest
+        // by listing: the next claim is still above the highest.
+        assert_eq!(prune_claims(&d, 10), 0);
+        assert!(claim_generation(&d, highest_generation(&d).unwrap() + 1, "x").unwrap());
     }
 }

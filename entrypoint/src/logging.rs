@@ -1,5 +1,6 @@
 //! Logging (R-OPS-2): human text by default or JSON, always to stderr and,
-//! when the folder can be created, to a file in ARGUS_LOG_DIR.
+//! when the folder can be created, to a file in ARGUS_LOG_DIR that rotates
+//! daily (the last 7 days are kept).
 
 use std::path::Path;
 
@@ -30,6 +31,11 @@ where
     }
 }
 
+/// Days of log files each node keeps in ARGUS_LOG_DIR (one file a day,
+/// `<name>.<YYYY-MM-DD>`; older ones are deleted at rotation), so that a
+/// node's share of the shared folder stays bounded.
+const LOG_FILES_KEPT: usize = 7;
+
 /// The log file's writer thread, kept until [`flush`].
 static FILE_GUARD: std::sync::Mutex<Option<tracing_appender::non_blocking::WorkerGuard>> =
     std::sync::Mutex::new(None);
@@ -54,6 +60,8 @@ pub fn init(format: LogFormat, level: &str, log_dir: Option<(&Path, &str)>) -> O
     let file = log_dir.and_then(|(dir, name)| {
         let appender = std::fs::create_dir_all(dir).and_then(|_| {
             tracing_appender::rolling::RollingFileAppender::builder()
+                .rotation(tracing_appender::rolling::Rotation::DAILY)
+                .max_log_files(LOG_FILES_KEPT)
                 .filename_prefix(name)
                 .build(dir)
                 .map_err(std::io::Error::other)

@@ -496,6 +496,10 @@ impl Node {
         match claim::claim_generation(&dir, next, &self.holder_id) {
             Ok(true) => {
                 info!(generation = next, rule = %rule, "claimed head generation");
+                let pruned = claim::prune_claims(&dir, next);
+                if pruned > 0 {
+                    debug!(pruned, "pruned old generation claims");
+                }
                 let h = self.head();
                 h.generation = Some(next);
                 h.seq = prev_seq;

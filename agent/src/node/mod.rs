@@ -113,7 +113,8 @@ pub struct Node {
     record: Option<HeadRecord>,
     record_error: Option<String>,
     next_poll: Instant,
-    watcher: Option<notify::RecommendedWatcher>,
+    watcher: Option<crate::watch::FileWatch>,
+    watch_state: crate::watch::WatchState,
     /// A file-event hint is queued and not yet handled.
     event_pending: Arc<AtomicBool>,
     role: RoleState,
@@ -161,6 +162,7 @@ impl Node {
             record_error: None,
             next_poll: now,
             watcher: None,
+            watch_state: crate::watch::WatchState::Off,
             event_pending: Arc::new(AtomicBool::new(false)),
             role,
         }
@@ -352,6 +354,7 @@ impl Node {
                 RoleState::Head(_) => self.cfg.gcs_ft_redis.is_some(),
                 RoleState::Worker(_) => self.record.as_ref().is_some_and(|r| r.gcs_ft),
             },
+            file_events: self.watch_state.to_string(),
             updated_at: rfc3339(SystemTime::now()),
         };
         if let Err(e) = status::write(&self.cfg.state_dir, &st) {

@@ -8,6 +8,7 @@ use rand::Rng;
 use tracing::{debug, info, warn};
 
 use crate::status::NodeState;
+use crate::watch::{FileWatch, WatchState};
 
 use super::{Event, Node, RoleState, Target, WAIT_LOG_EVERY};
 
@@ -33,45 +34,30 @@ impl Node {
         }
     }
 
+    /// Watches the record's folder once it exists; on failure, polls alone
+    /// (logged once, status `file_events`).
     pub(super) fn ensure_watch(&mut self) {
-        if self.watcher.is_some() || !self.cfg.file_events {
+        if self.watch_state != WatchState::Off || !self.cfg.file_events {
             return;
         }
-        use notify::Watcher;
-        let Some(dir) = self.cfg.head_file.parent().map(|d| d.to_path_buf()) else {
-            return;
-        };
-        if !dir.is_dir() {
+        if !self.cfg.head_file.parent().is_some_and(|d| d.is_dir()) {
             return;
         }
-        let name = self.cfg.head_file.file_name().map(|n| n.to_os_string());
         let tx = self.tx.clone();
         let pending = self.event_pending.clone();
-        let handler = move |res: notify::Result<notify::Event>| {
-            let Ok(ev) = res else { return };
-            // Our own reads raise open/access events: reacting to them would
-            // be a feedback loop that floods the event queue.
-            if matches!(ev.kind, notify::EventKind::Access(_)) {
-                return;
+        // At most one hint waits in the queue, however many events come.
+        let on_change =
+            move || pending.swap(true, Ordering::AcqRel) || tx.send(Event::FileChanged).is_ok();
+        match FileWatch::start(&self.cfg.head_file, on_change) {
+            Ok(w) => {
+                debug!("watching for file events (a shortcut; polling is primary)");
+                self.watcher = Some(w);
+                self.watch_state = WatchState::Active;
             }
-            let ours = ev
-                .paths
-                .iter()
-                .any(|p| p.file_name().map(|n| n.to_os_string()) == name);
-            // At most one hint waits in the queue, however many events come.
-            if ours && !pending.swap(true, Ordering::AcqRel) {
-                let _ = tx.send(Event::FileChanged);
+            Err(e) => {
+                warn!(error = %e, "no file events; polling alone");
+                self.watch_state = WatchState::Degraded(e.to_string());
             }
-        };
-        match notify::recommended_watcher(handler) {
-            Ok(mut w) => match w.watch(&dir, notify::RecursiveMode::NonRecursive) {
-                Ok(()) => {
-                    debug!(dir = %dir.display(), "watching for file events (a shortcut; polling is primary)");
-                    self.watcher = Some(w);
-                }
-                Err(e) => debug!(error = %e, "no file events; polling only"),
-            },
-            Err(e) => debug!(error = %e, "no file events; polling only"),
         }
     }
 

@@ -48,6 +48,9 @@ pub fn run(json: bool) -> Outcome {
     if st.gcs_ft {
         println!("gcs ft:        on (external Redis; workers ride head restarts through)");
     }
+    if st.role == "worker" && !st.file_events.is_empty() {
+        println!("file events:   {}", st.file_events);
+    }
     println!("ray pid:       {}", opt(st.ray_pid.map(|p| p.to_string())));
     println!(
         "restarts:      {} (consecutive failures {}{})",
