@@ -36,6 +36,11 @@ where
 /// node's share of the shared folder stays bounded.
 const LOG_FILES_KEPT: usize = 7;
 
+/// Lines the log file's queue holds before dropping. The queue's slots are
+/// allocated and touched up front: tracing-appender's default (128,000)
+/// costs about 4 MB of private memory per agent, more than all the rest.
+const LOG_QUEUE_LINES: usize = 1024;
+
 /// The log file's writer thread, kept until [`flush`].
 static FILE_GUARD: std::sync::Mutex<Option<tracing_appender::non_blocking::WorkerGuard>> =
     std::sync::Mutex::new(None);
@@ -70,6 +75,7 @@ pub fn init(format: LogFormat, level: &str, log_dir: Option<(&Path, &str)>) -> O
             Ok(a) => {
                 let (writer, g) = tracing_appender::non_blocking::NonBlockingBuilder::default()
                     .lossy(true)
+                    .buffered_lines_limit(LOG_QUEUE_LINES)
                     .thread_name("log-file")
                     .finish(a);
                 *FILE_GUARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
