@@ -231,12 +231,12 @@ class Cluster:
                 p.wait()
 
 
-def wait_until(what, cond, timeout):
+def wait_until(what, cond, timeout, every=0.05):
     until = time.time() + timeout
     while time.time() < until:
         if cond():
             return True
-        time.sleep(0.05)
+        time.sleep(every)
     print(f"  timed out after {timeout:.0f}s waiting for {what}", file=sys.stderr)
     return False
 
@@ -290,7 +290,7 @@ def run_one(args, n, events):
         t = time.time()
         for i, name in enumerate(names):
             c.spawn(name, "worker", worker_ip(i))
-        if not wait_until("every worker's first ray start", lambda: all(c.starts(x) for x in names), 120 + n * 0.2):
+        if not wait_until("every worker's first ray start", lambda: all(c.starts(x) for x in names), 120 + n * 0.2, 0.5):
             res["problems"].append(f"{sum(1 for x in names if not c.starts(x))} workers never started ray")
             return res
         res["startup_s"] = round(time.time() - t, 1)
@@ -319,7 +319,7 @@ def run_one(args, n, events):
             return res
         t0 = seen["t0"]
         window = args.poll + args.poll / 2 + 30
-        wait_until("every worker's rejoin", lambda: all(len(c.starts(x)) >= 2 for x in names), window)
+        wait_until("every worker's rejoin", lambda: all(len(c.starts(x)) >= 2 for x in names), window, 0.5)
         # Once all rejoined, a quiet period of one poll plus the jitter
         # shows whether anyone starts a third time.
         time.sleep(args.poll * 1.5 + 1)
