@@ -386,12 +386,24 @@ impl Node {
     /// joining while the head's raylet is still starting can take the name
     /// `sockets/raylet` first and crash the head's raylet (research/ray.md
     /// §4). Across machines it only means workers join a head that is up.
+    ///
+    /// With GCS fault tolerance a restarted head reuses its session (the
+    /// session name lives in Redis), where the dead raylet's socket may
+    /// still hold the name `raylet`: any `raylet*` socket created by this
+    /// start counts.
     pub(super) fn head_raylet_ready(&self, started_wall: SystemTime) -> bool {
-        let sock = self.ray_temp_dir().join("session_latest/sockets/raylet");
-        let fresh = std::fs::metadata(&sock)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t + Duration::from_secs(2) >= started_wall);
-        fresh && std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        let dir = self.ray_temp_dir().join("session_latest/sockets");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return false;
+        };
+        entries.flatten().any(|e| {
+            let sock = e.path();
+            let named = e.file_name().to_string_lossy().starts_with("raylet");
+            let fresh = std::fs::metadata(&sock)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t + Duration::from_secs(2) >= started_wall);
+            named && fresh && std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        })
     }
 
     /// Returns a generation higher than ours if one was claimed or

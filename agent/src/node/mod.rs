@@ -66,6 +66,8 @@ pub(super) struct Target {
     pub(super) generation: u64,
     pub(super) instance_id: String,
     pub(super) address: String,
+    /// The head runs with GCS fault tolerance (R-WRK-7).
+    pub(super) gcs_ft: bool,
 }
 
 impl std::fmt::Display for Target {
