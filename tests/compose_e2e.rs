@@ -937,10 +937,13 @@ fn compose_gcs_ft_detached_actor_rides_through_head_container_restart() {
         "detached actor after the fault: {after}; head kill+start -> actor answers: {:.1}s",
         took.as_secs_f64()
     ));
-    assert_eq!(
-        (&after["n"], &after["node"], &after["pid"]),
-        (&Value::from(2), &first["node"], &first["pid"]),
-        "the actor lost its state or was restarted"
+    // n >= 2: a retried call may have counted once before its driver failed;
+    // a restarted actor would count from 1 again.
+    assert!(
+        after["n"].as_i64() >= Some(2)
+            && after["node"] == first["node"]
+            && after["pid"] == first["pid"],
+        "the actor lost its state or was restarted: before {first}, after {after}"
     );
 }
 
