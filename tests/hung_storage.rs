@@ -61,7 +61,11 @@ impl HangableMount {
 impl Drop for HangableMount {
     fn drop(&mut self) {
         self.thaw();
-        let _ = Command::new("fusermount").arg("-u").arg("-z").arg(&self.mnt).status();
+        let _ = Command::new("fusermount")
+            .arg("-u")
+            .arg("-z")
+            .arg(&self.mnt)
+            .status();
         unsafe { libc::kill(self.daemon, libc::SIGTERM) };
     }
 }
@@ -118,23 +122,31 @@ fn stop_with_storage_hung(role: &str) {
         "head" => agent.wait_for("head running and published", Duration::from_secs(30), |a| {
             a.state() == "running" && sb.record().is_some()
         }),
-        _ => agent.wait_for("worker waiting on the record", Duration::from_secs(30), |a| {
-            !a.state().is_empty()
-        }),
+        _ => agent.wait_for(
+            "worker waiting on the record",
+            Duration::from_secs(30),
+            |a| !a.state().is_empty(),
+        ),
     }
     mount.freeze();
     // Let the node run into the hang (its next refresh or poll) before the
     // stop: wait until the storage thread reports it, or the log does.
-    agent.wait_for("the node to notice the hung storage", Duration::from_secs(30), |a| {
-        a.log().contains("shared storage hung")
-    });
+    agent.wait_for(
+        "the node to notice the hung storage",
+        Duration::from_secs(30),
+        |a| a.log().contains("shared storage hung"),
+    );
     agent.signal(libc::SIGTERM);
     let stopped = agent.wait_exit(Duration::from_secs(10));
     let log = agent.log();
     let (status, took) = stopped.unwrap_or_else(|| {
         panic!("{role} did not stop within 10 s of SIGTERM with the shared storage hung\n--- log ---\n{log}")
     });
-    assert_eq!(status.code(), Some(0), "{role} exit status {status:?}\n{log}");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{role} exit status {status:?}\n{log}"
+    );
     assert!(
         ray_pids_alive(&sb, role).is_empty(),
         "{role} left Ray processes behind: {:?}\n{log}",
