@@ -645,7 +645,10 @@ fn a_fenced_head_whose_ray_dies_does_not_withdraw_the_newer_record() {
     // Regression: the withdraw (and the first publish after a restart) did
     // not re-check fencing and wrote `stopped` over a newer head's record.
     let sb = Sandbox::new();
-    let mut a = Agent::start(&sb, "a", &env_ttl_60(&sb, "a", "head"));
+    let mut env = env_ttl_60(&sb, "a", "head");
+    // No refresh comes before the Ray death: the withdraw must re-check.
+    env.insert("ARGUS_REFRESH_S".into(), "30".into());
+    let mut a = Agent::start(&sb, "a", &env);
     a.wait_for("publishes", Duration::from_secs(20), |_| {
         sb.record().is_some_and(|r| r["state"] == "running")
     });

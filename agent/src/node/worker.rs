@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 use crate::status::NodeState;
 
 use super::head::{self, Probe};
-use super::{Event, Node, RoleState, Target, WAIT_LOG_EVERY};
+use super::{Event, Node, RoleState, Target, STORAGE_BOUND, WAIT_LOG_EVERY};
 
 #[derive(Default)]
 pub(super) struct WorkerRole {
@@ -84,10 +84,29 @@ impl Node {
 
     /// Reads the record and updates what the worker should be joined to.
     pub(super) fn worker_poll(&mut self) {
-        let now = Instant::now();
-        self.ensure_watch();
         let path = self.cfg.head_file.clone();
-        match read_record(&path) {
+        let p = path.clone();
+        let read = match self
+            .storage
+            .run("read head record", STORAGE_BOUND, move || read_record(&p))
+        {
+            Ok(read) => {
+                self.storage_ok();
+                // Set up only while the storage answers: it stats the folder.
+                self.ensure_watch();
+                read
+            }
+            // R-WRK-4: a hung read is a transient error, never a reason to
+            // touch Ray; the lease just sees no change.
+            Err(e) => {
+                self.storage_failed(&e);
+                self.record_error = Some(format!("cannot read the head record: {e}"));
+                self.worker().desired = None;
+                return;
+            }
+        };
+        let now = Instant::now();
+        match read {
             Ok((rec, raw)) => {
                 self.lease.observe(&raw, now);
                 self.record_error = None;
