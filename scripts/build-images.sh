@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the node image and engine images from this checkout.
 #
-#   scripts/build-images.sh [node] [engine] [options]     (default: node)
+#   scripts/build-images.sh [node] [engine] [redis] [options]   (default: node)
 #
 # Node: argus/argus-ray-node:$ARGUS_VERSION (default dev) from Dockerfile.node.
+# Redis: argus/argus-redis:$ARGUS_VERSION from Dockerfile.redis (Debian's
+#   redis-server on BASE_IMAGE), the GCS FT Redis of docker-compose.gcs-ft.yaml.
 #   --prebuilt      use target/release/argus-agent (built here with
 #                   `cargo build --release -p argus-agent` unless --no-cargo)
 #                   instead of compiling the agent in a Rust image
@@ -33,12 +35,13 @@ OFFICIAL_BASE=rayproject/ray:${RAY_VERSION}-py311
 log() { printf 'build-images: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-build_node=0 build_engine=0 prebuilt=0 cargo=1 local_base=0 install_vllm=1
+build_node=0 build_engine=0 build_redis=0 prebuilt=0 cargo=1 local_base=0 install_vllm=1
 registry=localhost engine_version= agent_binary=target/release/argus-agent
 while [ $# -gt 0 ]; do
   case $1 in
     node) build_node=1 ;;
     engine) build_engine=1 ;;
+    redis) build_redis=1 ;;
     --prebuilt) prebuilt=1 ;;
     --no-cargo) cargo=0 ;;
     --local-base) local_base=1 ;;
@@ -51,7 +54,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ $build_node = 1 ] || [ $build_engine = 1 ] || build_node=1
+[ $build_node = 1 ] || [ $build_engine = 1 ] || [ $build_redis = 1 ] || build_node=1
 engine_version=${engine_version:-v$VLLM_VERSION}
 
 command -v docker >/dev/null || die "docker CLI not found"
@@ -91,6 +94,14 @@ if [ $build_engine = 1 ]; then
     --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "RAY_VERSION=$RAY_VERSION"
     --build-arg "VLLM_VERSION=$VLLM_VERSION" --build-arg "INSTALL_VLLM=$install_vllm"
     --build-arg "ENGINE_VERSION=$engine_version")
+  log "docker build ${args[*]} ."
+  docker build "${args[@]}" . >&2
+  echo "$tag"
+fi
+
+if [ $build_redis = 1 ]; then
+  tag=argus/argus-redis:$ARGUS_VERSION
+  args=(-f Dockerfile.redis -t "$tag" --build-arg "BASE_IMAGE=$BASE_IMAGE")
   log "docker build ${args[*]} ."
   docker build "${args[@]}" . >&2
   echo "$tag"

@@ -3,8 +3,11 @@
 # cluster (one head, two workers), then waits until all three Ray nodes are
 # alive.
 #
-#   scripts/cluster-up.sh [--no-wait] [--no-build] [-- extra `up` args]
+#   scripts/cluster-up.sh [--gcs-ft] [--no-wait] [--no-build] [-- extra `up` args]
 #
+# --gcs-ft (or ARGUS_GCS_FT=1): GCS fault tolerance, docker-compose.gcs-ft.yaml
+# on top: a Redis service (argus/argus-redis, built here from Dockerfile.redis)
+# keeps the GCS state, so workers ride a head container restart through.
 # Choices made for you (override by environment):
 #   - Ray base: rayproject/ray:2.53.0-py311 if present or pullable, else the
 #     registry-free argus/ray-base (scripts/build-base-image.sh, needs root).
@@ -15,18 +18,20 @@
 # Host preparation: ARGUS_MODEL_CACHE (/tmp/argus-models) is created;
 # ARGUS_DOCKER_GID is read off /var/run/docker.sock. Everything else:
 # docker-compose.yaml's header.
-# Stop it with: docker compose down -v   (or docker-compose down -v)
+# Stop it with: docker compose down -v   (or docker-compose down -v; with
+# --gcs-ft add --remove-orphans, or give both -f files, to remove the Redis)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf 'cluster-up: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-wait_nodes=1 build=1 up_args=()
+wait_nodes=1 build=1 gcs_ft=${ARGUS_GCS_FT:-0} up_args=()
 while [ $# -gt 0 ]; do
   case $1 in
     --no-wait) wait_nodes=0 ;;
     --no-build) build=0 ;;
+    --gcs-ft) gcs_ft=1 ;;
     --) shift; up_args=("$@"); break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
@@ -44,9 +49,18 @@ else
   die "neither 'docker compose' nor 'docker-compose' found"
 fi
 
+case $gcs_ft in
+  0|1) ;;
+  *) die "ARGUS_GCS_FT must be 0 or 1, not '$gcs_ft'" ;;
+esac
+files=(-f docker-compose.yaml)
+[ "$gcs_ft" = 1 ] && files+=(-f docker-compose.gcs-ft.yaml)
+compose+=("${files[@]}")
+
 RAY_VERSION=${RAY_VERSION:-2.53.0}
 official=rayproject/ray:${RAY_VERSION}-py311
 export ARGUS_NODE_IMAGE=${ARGUS_NODE_IMAGE:-argus/argus-ray-node:${ARGUS_VERSION:-dev}}
+export ARGUS_REDIS_IMAGE=${ARGUS_REDIS_IMAGE:-argus/argus-redis:${ARGUS_VERSION:-dev}}
 export ARGUS_MODEL_CACHE=${ARGUS_MODEL_CACHE:-/tmp/argus-models}
 export ARGUS_DOCKER_GID=${ARGUS_DOCKER_GID:-$(stat -c %g /var/run/docker.sock)}
 
@@ -66,6 +80,9 @@ if [ $build = 1 ]; then
   flags=(node)
   [ "$prebuilt" = 1 ] && flags+=(--prebuilt)
   BASE_IMAGE=$ARGUS_BASE_IMAGE ARGUS_VERSION=${ARGUS_NODE_IMAGE##*:} scripts/build-images.sh "${flags[@]}" >/dev/null
+  if [ "$gcs_ft" = 1 ]; then
+    BASE_IMAGE=$ARGUS_BASE_IMAGE ARGUS_VERSION=${ARGUS_REDIS_IMAGE##*:} scripts/build-images.sh redis >/dev/null
+  fi
 fi
 
 mkdir -p "$ARGUS_MODEL_CACHE"
@@ -81,6 +98,7 @@ while :; do
   out=$(docker exec -i "$head" python - <docker/tools/ray_nodes.py 2>/dev/null || true)
   alive=$(printf '%s' "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["alive"])' 2>/dev/null || echo 0)
   if [ "$alive" -ge 3 ]; then
+    [ "$gcs_ft" = 1 ] && log "GCS fault tolerance on: Redis service 'redis' (docker-compose.gcs-ft.yaml)"
     log "cluster up: $alive Ray nodes alive; dashboard http://localhost:${ARGUS_DASHBOARD_HOST_PORT:-8265}"
     exit 0
   fi

@@ -162,6 +162,25 @@ fn build_images(engines: bool) {
     }
 }
 
+fn redis_image() -> String {
+    format!("argus/argus-redis:{}", e2e_version())
+}
+
+/// Builds the GCS FT Redis image (Dockerfile.redis) on the registry-free
+/// base. Once per process; Docker's layer cache makes a rebuild quick.
+fn build_redis_image() {
+    use std::sync::Once;
+    static BUILT: Once = Once::new();
+    BUILT.call_once(|| {
+        log(&format!("building {}", redis_image()));
+        let root = workspace_root();
+        run(Command::new(root.join("scripts/build-images.sh"))
+            .current_dir(&root)
+            .env("ARGUS_VERSION", e2e_version())
+            .args(["redis", "--local-base"]));
+    });
+}
+
 fn engine_image(version: &str) -> String {
     format!("localhost/neutree/engine-vllm:{version}-ray{RAY_VERSION}")
 }
@@ -177,6 +196,8 @@ fn free_port() -> u16 {
 struct Cluster {
     compose: Vec<String>,
     project: String,
+    /// Product compose files on top of docker-compose.yaml (the GCS FT one).
+    extra_files: Vec<PathBuf>,
     override_file: PathBuf,
     tmpdir: PathBuf,
     model_cache: PathBuf,
@@ -185,6 +206,12 @@ struct Cluster {
 
 impl Cluster {
     fn up(extra_env: &[(&str, &str)]) -> Cluster {
+        Cluster::up_with(extra_env, &[])
+    }
+
+    /// `up` with more of the product's compose files (e.g.
+    /// docker-compose.gcs-ft.yaml), given relative to the workspace root.
+    fn up_with(extra_env: &[(&str, &str)], extra_files: &[&str]) -> Cluster {
         static N: AtomicUsize = AtomicUsize::new(0);
         let n = N.fetch_add(1, Ordering::SeqCst);
         let project = format!("argus-e2e-{}-{n}", std::process::id());
@@ -208,6 +235,7 @@ impl Cluster {
             .unwrap_or_else(|_| "0".into());
         let mut env: Vec<(String, String)> = [
             ("ARGUS_NODE_IMAGE", node_image()),
+            ("ARGUS_REDIS_IMAGE", redis_image()),
             ("ARGUS_MODEL_CACHE", model_cache.display().to_string()),
             ("ARGUS_DOCKER_GID", docker_gid),
             ("ARGUS_DASHBOARD_HOST_PORT", free_port().to_string()),
@@ -229,6 +257,10 @@ impl Cluster {
         let c = Cluster {
             compose: compose_tool(),
             project,
+            extra_files: extra_files
+                .iter()
+                .map(|f| workspace_root().join(f))
+                .collect(),
             override_file,
             tmpdir,
             model_cache,
@@ -247,10 +279,11 @@ impl Cluster {
             .arg("-p")
             .arg(&self.project)
             .arg("-f")
-            .arg(root.join("docker-compose.yaml"))
-            .arg("-f")
-            .arg(&self.override_file)
-            .args(args);
+            .arg(root.join("docker-compose.yaml"));
+        for f in &self.extra_files {
+            cmd.arg("-f").arg(f);
+        }
+        cmd.arg("-f").arg(&self.override_file).args(args);
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
@@ -764,6 +797,211 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
         );
     }
 }
+
+/// Issue 8 §4: `docker kill` + `docker start` of the head container (what a
+/// restart policy does after a crash) brings all three nodes back at the
+/// default TTL of 60 s without waiting it out: the restarted head finds its
+/// own previous record with nothing listening and claims at once (R-HEAD-5).
+#[test]
+fn compose_head_container_kill_and_start_brings_all_nodes_back() {
+    elapsed_since_start();
+    require_docker();
+    build_images(false);
+    let c = Cluster::up(&[("ARGUS_TTL_S", "60"), ("ARGUS_REFRESH_S", "10")]);
+    let before = ids(
+        &c.wait_nodes("three nodes alive", Duration::from_secs(240), |n| {
+            n.len() == 3
+        }),
+    );
+    let ips: Vec<String> = SERVICES.iter().map(|s| c.ip(s)).collect();
+    let head = c.container("head");
+    let claims = |logs: &str| -> Vec<String> {
+        logs.lines()
+            .filter(|l| l.contains("claimed head generation"))
+            .map(String::from)
+            .collect()
+    };
+    let claims_before = claims(&container_logs(&head)).len();
+    log("fault: docker kill + docker start of the head container");
+    let t = Instant::now();
+    run(Command::new("docker").args(["kill", &head]));
+    run(Command::new("docker").args(["start", &head]));
+    // Every container has a new Ray node: a count of 3 alone could include
+    // a worker's stale registration next to its new one.
+    c.wait_nodes(
+        "every node back with a new Ray node id after the head container restarted",
+        Duration::from_secs(240),
+        |n| {
+            ips.iter()
+                .all(|ip| n.iter().any(|x| &x.ip == ip && !before.contains(&x.id)))
+        },
+    );
+    let took = t.elapsed();
+    log(&format!(
+        "head container kill+start -> all 3 nodes alive again: {:.1}s (ARGUS_TTL_S=60)",
+        took.as_secs_f64()
+    ));
+    let after = claims(&container_logs(&head));
+    let claim = after.get(claims_before).cloned().unwrap_or_default();
+    log(&format!("the restarted head: {claim}"));
+    assert!(
+        claim.contains("previous life"),
+        "the restarted head did not claim on its own previous life; claims in its log:\n{}",
+        after.join("\n")
+    );
+}
+
+/// The container's output (the agent's log), stdout and stderr together.
+fn container_logs(container: &str) -> String {
+    let out = output(Command::new("docker").args(["logs", container]));
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Issue 8 §3-4 (R-WRK-7): with the Redis service of
+/// docker-compose.gcs-ft.yaml, a detached actor on a worker answers after
+/// the head container is killed and started again, with its state, and the
+/// workers' Ray node ids are unchanged (they rode the restart through).
+#[test]
+fn compose_gcs_ft_detached_actor_rides_through_head_container_restart() {
+    elapsed_since_start();
+    require_docker();
+    build_images(false);
+    build_redis_image();
+    let c = Cluster::up_with(&[], &["docker-compose.gcs-ft.yaml"]);
+    let nodes = c.wait_nodes("three nodes alive", Duration::from_secs(240), |n| {
+        n.len() == 3
+    });
+    let head = c.container("head");
+    let config = run(Command::new("docker").args(["exec", &head, "argus-agent", "config"]));
+    assert!(
+        config
+            .lines()
+            .any(|l| l.contains("ARGUS_GCS_FT_REDIS") && l.contains("redis:6379")),
+        "the head's config does not show ARGUS_GCS_FT_REDIS=redis:6379:\n{config}"
+    );
+    let record: Value = serde_json::from_str(&run(Command::new("docker").args([
+        "exec",
+        &head,
+        "argus-agent",
+        "head",
+        "--json",
+    ])))
+    .expect("the head record as JSON");
+    assert_eq!(record["gcs_ft"], true, "the head record: {record}");
+    let head_ip = c.ip("head");
+    let workers: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.ip != head_ip)
+        .map(|n| n.id.clone())
+        .collect();
+    assert_eq!(
+        workers.len(),
+        2,
+        "two worker nodes in {}",
+        fmt_nodes(&nodes)
+    );
+
+    let first = c.actor_call("create", Duration::from_secs(180));
+    log(&format!("detached actor before the fault: {first}"));
+    assert_eq!(first["n"], 1);
+    assert!(
+        workers.iter().any(|w| first["node"] == w.as_str()),
+        "the actor is not on a worker: {first}"
+    );
+
+    log("fault: docker kill + docker start of the head container (GCS FT on)");
+    let t = Instant::now();
+    run(Command::new("docker").args(["kill", &head]));
+    run(Command::new("docker").args(["start", &head]));
+    assert_eq!(
+        c.ip("head"),
+        head_ip,
+        "the head came back at another address"
+    );
+    c.wait_nodes(
+        "3 nodes alive, the workers with their old node ids",
+        Duration::from_secs(240),
+        |n| n.len() == 3 && workers.iter().all(|w| n.iter().any(|x| &x.id == w)),
+    );
+    log(&format!(
+        "head container kill+start (GCS FT) -> 3 nodes alive, same worker node ids: {:.1}s",
+        t.elapsed().as_secs_f64()
+    ));
+    let after = c.actor_call("get", Duration::from_secs(180));
+    let took = t.elapsed();
+    log(&format!(
+        "detached actor after the fault: {after}; head kill+start -> actor answers: {:.1}s",
+        took.as_secs_f64()
+    ));
+    // n >= 2: a retried call may have counted once before its driver failed;
+    // a restarted actor would count from 1 again.
+    assert!(
+        after["n"].as_i64() >= Some(2)
+            && after["node"] == first["node"]
+            && after["pid"] == first["pid"],
+        "the actor lost its state or was restarted: before {first}, after {after}"
+    );
+}
+
+impl Cluster {
+    /// Calls the detached actor `ride-through` (a counter that also reports
+    /// its node id and pid) from a driver in the head, creating it on a
+    /// worker with `create`, retrying until it answers or `timeout` passes.
+    fn actor_call(&self, mode: &str, timeout: Duration) -> Value {
+        let start = Instant::now();
+        loop {
+            let out = output(Command::new("docker").args([
+                "exec",
+                &self.container("head"),
+                "timeout",
+                "90",
+                "python",
+                "-c",
+                ACTOR_SCRIPT,
+                mode,
+            ]));
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            if out.status.success() {
+                if let Ok(v) = serde_json::from_str(stdout.lines().last().unwrap_or_default()) {
+                    return v;
+                }
+            }
+            if start.elapsed() > timeout {
+                self.dump_logs();
+                panic!(
+                    "actor call ({mode}) did not answer within {timeout:?}\n--- stdout\n{stdout}\n--- stderr\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }
+}
+
+const ACTOR_SCRIPT: &str = r#"
+import json, os, socket, sys
+import ray
+ip = socket.gethostbyname(socket.gethostname())
+ray.init(address=f"{ip}:{os.environ.get('ARGUS_RAY_PORT', '6379')}", namespace="argus-e2e", log_to_driver=False)
+
+@ray.remote(num_cpus=0, resources={"worker_node": 1})
+class Counter:
+    def __init__(self):
+        self.n = 0
+    def incr(self):
+        self.n += 1
+        return {"n": self.n, "node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+if sys.argv[1] == "create":
+    actor = Counter.options(name="ride-through", lifetime="detached").remote()
+else:
+    actor = ray.get_actor("ride-through")
+print(json.dumps(ray.get(actor.incr.remote(), timeout=60)))
+"#;
 
 /// Returns a driver program (run in the head) with one task in an engine
 /// container: `probe` prints engine info, the answer and the model file as

@@ -12,6 +12,18 @@ use support::{Agent, Sandbox};
 
 #[test]
 fn node_stop_removes_the_engine_containers_it_owns() {
+    stop_removes_engines(false);
+}
+
+/// SPEC §11: with the default grace (8 s) and a Ray that ignores SIGTERM,
+/// the whole stop, engine containers included, still ends inside
+/// `docker stop`'s 10 s.
+#[test]
+fn stop_with_a_term_ignoring_ray_and_a_running_engine_fits_in_docker_timeout() {
+    stop_removes_engines(true);
+}
+
+fn stop_removes_engines(ray_ignores_term: bool) {
     shim_support::require_docker();
     let img = shim_support::image();
     let label = shim_support::unique("node-janitor");
@@ -31,6 +43,10 @@ fn node_stop_removes_the_engine_containers_it_owns() {
     let sb = Sandbox::new();
     let mut env = sb.env("n", "head");
     env.insert("ARGUS_SHIM_SELF_ID".into(), ray_container.clone());
+    if ray_ignores_term {
+        env.insert("FAKE_RAY_IGNORE_TERM".into(), "1".into());
+        env.insert("ARGUS_STOP_GRACE_S".into(), "8".into());
+    }
     let mut a = Agent::start(&sb, "n", &env);
     a.wait_for("running", Duration::from_secs(10), |a| {
         a.state() == "running"
@@ -68,5 +84,17 @@ fn node_stop_removes_the_engine_containers_it_owns() {
         "engine containers left after the node stopped: {left:?}\n{}",
         a.log()
     );
-    assert!(took < Duration::from_secs(10), "stop took {took:?}");
+    eprintln!("stop took {took:?} (ray ignores SIGTERM: {ray_ignores_term})");
+    assert!(
+        took < Duration::from_secs(10),
+        "stop took {took:?}\n{}",
+        a.log()
+    );
+    if ray_ignores_term {
+        assert!(
+            took >= Duration::from_secs(7),
+            "{took:?}: Ray's grace was not given\n{}",
+            a.log()
+        );
+    }
 }

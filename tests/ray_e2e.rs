@@ -342,3 +342,204 @@ fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
     assert!(left.is_empty(), "ray processes left behind: {left:#?}");
     assert_eq!(sb.record().unwrap()["state"], "stopped");
 }
+
+/// A real `redis-server` on a loopback port, stopped on drop.
+struct Redis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Redis {
+    fn start(dir: &std::path::Path) -> Self {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("GCS FT tests need redis-server (apt-get install redis-server; scripts/test does): {e}")
+            });
+        let until = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < until,
+                "redis-server did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Redis { child, port }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a Ray driver script against `gcs`; returns its last stdout line
+/// parsed as JSON, or the error with the script's output.
+fn driver(gcs: &str, body: &str) -> Result<Value, String> {
+    let script = format!(
+        "import json, ray\nray.init(address=\"{gcs}\", _node_ip_address=\"127.8.0.2\", logging_level=\"ERROR\", log_to_driver=False, namespace=\"ft\")\n{body}\n"
+    );
+    let out = Command::new(venv().join("bin/python"))
+        .arg("-c")
+        .arg(&script)
+        .env("RAY_USAGE_STATS_ENABLED", "0")
+        .output()
+        .map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or("")).map_err(|_| {
+        format!(
+            "driver failed ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+#[test]
+fn with_gcs_ft_a_worker_rides_a_head_gcs_crash_through_and_its_detached_actor_survives() {
+    let sb = Sandbox::new();
+    let redis = Redis::start(sb.path());
+    let gcs_port = free_port();
+    let gcs = format!("127.8.0.2:{gcs_port}");
+    let mut head_env = ray_env(&sb, "head", "head", "127.8.0.2", gcs_port, 33000);
+    head_env.insert(
+        "ARGUS_GCS_FT_REDIS".into(),
+        format!("127.0.0.1:{}", redis.port),
+    );
+    let mut worker_env = ray_env(&sb, "worker", "worker", "127.8.0.3", gcs_port, 34000);
+    worker_env.insert("ARGUS_RAY_PORT".into(), free_port().to_string());
+
+    let mut head = Agent::start(&sb, "head", &head_env);
+    head.wait_for("head publishes", Duration::from_secs(60), |_| {
+        sb.record().is_some_and(|r| r["state"] == "running")
+    });
+    assert_eq!(sb.record().unwrap()["gcs_ft"], true);
+    head.wait_for("head raylet", Duration::from_secs(60), |h| {
+        daemon_pid(h, "raylet").is_some()
+    });
+    let mut worker = Agent::start(&sb, "worker", &worker_env);
+    worker.wait_for("worker joins", Duration::from_secs(60), |w| {
+        w.state() == "running"
+    });
+    let logs = |head: &Agent, worker: &Agent| {
+        format!(
+            "--- head ---\n{}\n--- worker ---\n{}",
+            head.log(),
+            worker.log()
+        )
+    };
+    let (nodes, _) = wait_nodes(
+        &gcs,
+        &["127.8.0.2", "127.8.0.3"],
+        &[],
+        Duration::from_secs(120),
+        Ask::Driver,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&head, &worker)));
+    let worker_id = nodes
+        .iter()
+        .find(|n| n["ip"] == "127.8.0.3" && n["alive"] == true)
+        .map(|n| n["id"].clone())
+        .unwrap();
+    // A detached actor on the worker, created before the fault.
+    let made = driver(
+        &gcs,
+        r#"
+@ray.remote(num_cpus=0, resources={"worker_node": 0.01})
+class Keeper:
+    def __init__(self):
+        self.n = 0
+    def ping(self):
+        self.n += 1
+        return [self.n, ray.get_runtime_context().get_node_id()]
+k = Keeper.options(name="keeper", lifetime="detached").remote()
+print(json.dumps(ray.get(k.ping.remote(), timeout=60)))
+"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&head, &worker)));
+    assert_eq!(made[0], 1);
+    let worker_ray_pid = worker.status().unwrap()["ray_pid"].clone();
+
+    // SIGKILL the head's gcs_server: the head agent restarts its Ray, whose
+    // GCS recovers from Redis at the same address.
+    let instance = sb.record().unwrap()["instance_id"].clone();
+    let gcs_pid = daemon_pid(&head, "gcs_server").expect("gcs_server");
+    let t0 = Instant::now();
+    unsafe { libc::kill(gcs_pid, libc::SIGKILL) };
+    head.wait_for("new instance published", Duration::from_secs(60), |_| {
+        sb.record()
+            .is_some_and(|r| r["state"] == "running" && r["instance_id"] != instance)
+    });
+    let (nodes, _) = wait_nodes(
+        &gcs,
+        &["127.8.0.2", "127.8.0.3"],
+        &[],
+        Duration::from_secs(60),
+        Ask::Gcs,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&head, &worker)));
+    let back = t0.elapsed();
+    eprintln!(
+        "gcs ft: both nodes alive {back:?} after the head's gcs_server was killed: {nodes:?}"
+    );
+    assert!(
+        nodes
+            .iter()
+            .any(|n| n["id"] == worker_id && n["alive"] == true),
+        "the worker's node id changed (its Ray restarted): was {worker_id}, now {nodes:?}\n{}",
+        logs(&head, &worker)
+    );
+    let st = worker.status().unwrap();
+    assert_eq!(
+        st["ray_pid"],
+        worker_ray_pid,
+        "the worker's Ray was restarted\n{}",
+        logs(&head, &worker)
+    );
+    assert_eq!(st["restarts"], 0, "{st}");
+    assert!(worker.log().contains("ride-through"), "{}", worker.log());
+    // The actor created before the fault answers after it, with its state.
+    let after = driver(
+        &gcs,
+        r#"
+k = ray.get_actor("keeper")
+print(json.dumps(ray.get(k.ping.remote(), timeout=60)))
+"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&head, &worker)));
+    assert_eq!(after[0], 2, "the actor lost its state: {after}");
+    assert_eq!(after[1], made[1], "the actor moved: {after} vs {made}");
+    // The target is 10 s on a calm machine (scripts/bench-failover.py
+    // measures it); the test's bound leaves room for a loaded CI machine.
+    assert!(
+        back < Duration::from_secs(20),
+        "both nodes alive only after {back:?}\n{}",
+        logs(&head, &worker)
+    );
+
+    worker.signal(libc::SIGTERM);
+    head.signal(libc::SIGTERM);
+    assert_eq!(
+        worker
+            .wait_exit(Duration::from_secs(15))
+            .expect("worker exit")
+            .0
+            .code(),
+        Some(0)
+    );
+    assert_eq!(
+        head.wait_exit(Duration::from_secs(15))
+            .expect("head exit")
+            .0
+            .code(),
+        Some(0)
+    );
+    drop(redis);
+}

@@ -639,3 +639,179 @@ fn worker_file_events_do_not_feed_back_into_a_busy_loop() {
         "SIGTERM handled after {took:?}"
     );
 }
+
+#[test]
+fn a_fenced_head_whose_ray_dies_does_not_withdraw_the_newer_record() {
+    // Regression: the withdraw (and the first publish after a restart) did
+    // not re-check fencing and wrote `stopped` over a newer head's record.
+    let sb = Sandbox::new();
+    let mut env = env_ttl_60(&sb, "a", "head");
+    // No refresh comes before the Ray death: the withdraw must re-check.
+    env.insert("ARGUS_REFRESH_S".into(), "30".into());
+    let mut a = Agent::start(&sb, "a", &env);
+    a.wait_for("publishes", Duration::from_secs(20), |_| {
+        sb.record().is_some_and(|r| r["state"] == "running")
+    });
+    // A newer head claims generation 2 and writes its record once.
+    let epochs = sb.shared().join("ray/discovery/argus-ray/epochs");
+    assert!(argus_discovery::claim_generation(&epochs, 2, "other").unwrap());
+    let newer = record("127.0.0.8", 5000, "other", 2, 1);
+    publish(&sb.head_file(), &newer.to_bytes()).unwrap();
+    let before = std::fs::read(sb.head_file()).unwrap();
+    // Head a's Ray dies before its next refresh would notice the fence.
+    let children = sb.ray_events("a");
+    let raylet = children
+        .iter()
+        .find_map(|e| e["pids"].as_array().and_then(|p| p[0].as_i64()))
+        .unwrap();
+    unsafe { libc::kill(raylet as i32, libc::SIGKILL) };
+    a.wait_for(
+        "a notices its ray died and stands by",
+        Duration::from_secs(20),
+        |a| a.log().contains("ray daemon died") && a.state() == "standby",
+    );
+    assert_eq!(
+        std::fs::read(sb.head_file()).unwrap(),
+        before,
+        "the fenced head wrote over the newer record:\n{}",
+        a.log()
+    );
+}
+
+#[test]
+fn a_new_head_resets_the_backoff_earned_against_the_old_one() {
+    let sb = Sandbox::new();
+    let head = FakeHead::start(&sb, record("127.0.0.5", 4000, "dying", 1, 1));
+    let mut env = sb.env("w", "worker");
+    // Ray keeps failing against this head: the backoff grows to ~8-16 s.
+    env.insert("FAKE_RAY_EXIT_AFTER".into(), "0.2".into());
+    env.insert("ARGUS_RESTART_BACKOFF_MIN_S".into(), "4".into());
+    env.insert("ARGUS_RESTART_BACKOFF_MAX_S".into(), "60".into());
+    let mut w = Agent::start(&sb, "w", &env);
+    w.wait_for("two failed runs", Duration::from_secs(40), |w| {
+        w.status().is_some_and(|s| {
+            s["consecutive_failures"].as_u64() >= Some(2) && s["state"] == "backoff"
+        })
+    });
+    let waiting = w.status().unwrap()["next_restart_in_s"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let starts = sb.ray_starts("w").len();
+    let t0 = Instant::now();
+    head.set(Some(record("127.0.0.6", 4001, "new", 2, 1)));
+    w.wait_for("joins the new head", Duration::from_secs(30), |_| {
+        sb.ray_starts("w").len() > starts
+    });
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "took {took:?} with a backoff of {waiting:.1}s pending: a new head must be joined within a poll period (0.5 s) + jitter"
+    );
+    assert_eq!(addresses(&sb, "w").last().unwrap(), "127.0.0.6:4001");
+}
+
+#[test]
+fn a_worker_reports_a_refusing_head_gcs_and_keeps_its_ray() {
+    let sb = Sandbox::new();
+    // The head's record stops changing and nothing listens at its address.
+    let port = support::free_port();
+    let head = FakeHead::start(&sb, record("127.0.0.5", port, "crashed", 1, 1));
+    let mut env = sb.env("w", "worker");
+    // Probing starts once the record stood still for TTL/4 (2 s here).
+    env.insert("ARGUS_TTL_S".into(), "8".into());
+    let mut w = Agent::start(&sb, "w", &env);
+    w.wait_for("join", Duration::from_secs(20), |_| {
+        sb.ray_starts("w").len() == 1
+    });
+    head.set(None);
+    w.wait_for(
+        "the refusing GCS in status and log",
+        Duration::from_secs(60),
+        |w| {
+            w.status().is_some_and(|s| {
+                s["head_gcs"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("refusing connections for")
+            }) && w.log().contains("the head may come back")
+        },
+    );
+    assert_eq!(
+        sb.ray_starts("w").len(),
+        1,
+        "ray was restarted:\n{}",
+        w.log()
+    );
+}
+
+#[test]
+fn a_worker_rides_a_fault_tolerant_head_restart_at_the_same_address_through() {
+    let sb = Sandbox::new();
+    let ft = |ip: &str, port: u16, inst: &str, generation: u64| {
+        let mut r = record(ip, port, inst, generation, 1);
+        r.gcs_ft = true;
+        r
+    };
+    let head = FakeHead::start(&sb, ft("127.0.0.5", 4000, "before", 1));
+    let mut env = sb.env("w", "worker");
+    env.insert("ARGUS_GCS_FT_ZOMBIE_S".into(), "120".into());
+    let mut w = Agent::start(&sb, "w", &env);
+    w.wait_for("join", Duration::from_secs(20), |_| {
+        sb.ray_starts("w").len() == 1
+    });
+    let first = &sb.ray_starts("w")[0];
+    assert_eq!(
+        first["env_reconnect"], "120",
+        "Ray's GCS reconnect timeout follows ARGUS_GCS_FT_ZOMBIE_S: {first}"
+    );
+    // The head restarts at the same address (new instance, new generation).
+    head.set(Some(ft("127.0.0.5", 4000, "after", 2)));
+    w.wait_for("ride-through", Duration::from_secs(20), |w| {
+        w.status().is_some_and(|s| s["head_instance_id"] == "after")
+            && w.log().contains("ride-through")
+    });
+    assert_eq!(
+        sb.ray_starts("w").len(),
+        1,
+        "ray was restarted:\n{}",
+        w.log()
+    );
+    assert_eq!(w.status().unwrap()["gcs_ft"], true);
+    // At another address it is followed as in R-WRK-3.
+    head.set(Some(ft("127.0.0.6", 4001, "moved", 3)));
+    w.wait_for("rejoin", Duration::from_secs(20), |_| {
+        sb.ray_starts("w").len() == 2
+    });
+    assert_eq!(addresses(&sb, "w").last().unwrap(), "127.0.0.6:4001");
+}
+
+#[test]
+fn a_head_with_gcs_ft_starts_ray_on_the_external_redis_and_says_so_in_the_record() {
+    let sb = Sandbox::new();
+    let mut env = sb.env("h", "head");
+    env.insert(
+        "ARGUS_GCS_FT_REDIS".into(),
+        "redis://:s3cret@127.0.0.1:6390".into(),
+    );
+    let mut h = Agent::start(&sb, "h", &env);
+    h.wait_for("publishes", Duration::from_secs(20), |_| {
+        sb.record().is_some_and(|r| r["state"] == "running")
+    });
+    assert_eq!(sb.record().unwrap()["gcs_ft"], true);
+    let start = &sb.ray_starts("h")[0];
+    assert_eq!(start["env_redis"], "127.0.0.1:6390", "{start}");
+    assert_eq!(start["env_namespace"], "argus-ray", "{start}");
+    let argv: Vec<&str> = start["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert!(argv.contains(&"--redis-password=s3cret"), "{argv:?}");
+    assert!(
+        !h.log().contains("s3cret"),
+        "the password reached the log:\n{}",
+        h.log()
+    );
+    assert_eq!(h.status().unwrap()["gcs_ft"], true);
+}

@@ -1105,6 +1105,53 @@ pub fn parse_resources(s: &str) -> Result<BTreeMap<String, f64>, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn gcs_ft_redis_takes_host_port_or_a_redis_url() {
+        let a = RedisAddr::parse("redis.example:6379").unwrap();
+        assert_eq!(
+            (a.address.as_str(), a.username, a.password),
+            ("redis.example:6379", None, None)
+        );
+        let a = RedisAddr::parse("redis://:pw@10.0.0.7:6380/").unwrap();
+        assert_eq!(a.address, "10.0.0.7:6380");
+        assert_eq!(a.password.as_deref(), Some("pw"));
+        assert_eq!(a.username, None);
+        let a = RedisAddr::parse("redis://ray:pw@r:1").unwrap();
+        assert_eq!(a.username.as_deref(), Some("ray"));
+        assert!(!format!("{a:?}").contains("pw"), "Debug shows the password");
+        for bad in [
+            "redis",
+            "r:0",
+            "r:99999",
+            "http://r:1",
+            "redis://r:1/2",
+            "redis://:@r:1",
+            ":6379",
+            "a b:1",
+        ] {
+            assert!(RedisAddr::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn a_bad_gcs_ft_setting_names_the_variable() {
+        let e = Config::from_lookup(|k| match k {
+            "ARGUS_ROLE" => Some("head".into()),
+            "ARGUS_GCS_FT_REDIS" => Some("redis://:secret@host".into()),
+            _ => None,
+        })
+        .unwrap_err();
+        assert_eq!(e.var, "ARGUS_GCS_FT_REDIS");
+        assert!(!e.to_string().contains("secret"), "{e}");
+        let e = Config::from_lookup(|k| match k {
+            "ARGUS_ROLE" => Some("worker".into()),
+            "ARGUS_GCS_FT_ZOMBIE_S" => Some("1".into()),
+            _ => None,
+        })
+        .unwrap_err();
+        assert_eq!(e.var, "ARGUS_GCS_FT_ZOMBIE_S");
+    }
+
     use super::*;
 
     fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {

@@ -12,7 +12,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::status::NodeState;
 
-use super::{Node, RoleState, HEAD_RAYLET_WAIT};
+use super::{Node, RoleState, HEAD_RAYLET_WAIT, STORAGE_BOUND};
 
 /// Bound of one connection attempt to a GCS address.
 pub(super) const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
@@ -386,34 +386,48 @@ impl Node {
     /// joining while the head's raylet is still starting can take the name
     /// `sockets/raylet` first and crash the head's raylet (research/ray.md
     /// §4). Across machines it only means workers join a head that is up.
+    ///
+    /// With GCS fault tolerance a restarted head reuses its session (the
+    /// session name lives in Redis), where the dead raylet's socket may
+    /// still hold the name `raylet`: any `raylet*` socket created by this
+    /// start counts.
     pub(super) fn head_raylet_ready(&self, started_wall: SystemTime) -> bool {
-        let sock = self.ray_temp_dir().join("session_latest/sockets/raylet");
-        let fresh = std::fs::metadata(&sock)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t + Duration::from_secs(2) >= started_wall);
-        fresh && std::os::unix::net::UnixStream::connect(&sock).is_ok()
-    }
-
-    /// Returns a generation higher than ours if one was claimed or
-    /// published. Read before every write of the record, so a fenced head
-    /// never overwrites a newer head's record (nor withdraws it).
-    pub(super) fn fenced(&mut self) -> Option<u64> {
-        let mine = self.head().generation?;
-        let claimed = claim::highest_generation(&epochs_dir(&self.cfg.head_file)).unwrap_or(0);
-        let published = read_record(&self.cfg.head_file)
-            .map(|(r, _)| r.generation)
-            .unwrap_or(0);
-        let higher = claimed.max(published);
-        (higher > mine).then_some(higher)
+        let dir = self.ray_temp_dir().join("session_latest/sockets");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return false;
+        };
+        entries.flatten().any(|e| {
+            let sock = e.path();
+            let named = e.file_name().to_string_lossy().starts_with("raylet");
+            let fresh = std::fs::metadata(&sock)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t + Duration::from_secs(2) >= started_wall);
+            named && fresh && std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        })
     }
 
     /// Standby: reads the record, probes its holder's GCS and claims the
     /// next generation when the evidence says the holder is dead (R-HEAD-5).
     pub(super) fn try_acquire(&mut self) {
-        let now = Instant::now();
         let path = self.cfg.head_file.clone();
         let dir = epochs_dir(&path);
-        let read = read_record(&path);
+        let (p, d) = (path.clone(), dir.clone());
+        let (read, highest) = match self
+            .storage
+            .run("read head record", STORAGE_BOUND, move || {
+                (read_record(&p), claim::highest_generation(&d))
+            }) {
+            Ok(out) => {
+                self.storage_ok();
+                out
+            }
+            Err(e) => {
+                self.storage_failed(&e);
+                self.set_state(NodeState::Standby, format!("{e}"));
+                return;
+            }
+        };
+        let now = Instant::now();
         let current = match read {
             Ok((rec, raw)) => {
                 self.lease.observe(&raw, now);
@@ -434,7 +448,7 @@ impl Node {
                 return;
             }
         };
-        let highest = match claim::highest_generation(&dir) {
+        let highest = match highest {
             Ok(h) => h,
             Err(e) => {
                 warn!(error = %e, "cannot list generation claims");
@@ -493,13 +507,23 @@ impl Node {
             Decision::Claim(rule) => rule,
         };
         let next = highest.max(prev_gen) + 1;
-        match claim::claim_generation(&dir, next, &self.holder_id) {
+        let holder = self.holder_id.clone();
+        let claimed = self
+            .storage
+            .run("claim a head generation", STORAGE_BOUND, move || {
+                let won = claim::claim_generation(&dir, next, &holder)?;
+                if won {
+                    // Keeps `epochs/` (listed by every claim and fencing
+                    // check) small; bounded like the claim itself.
+                    claim::prune_claims(&dir, next);
+                }
+                Ok::<_, claim::ClaimError>(won)
+            })
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        match claimed {
             Ok(true) => {
                 info!(generation = next, rule = %rule, "claimed head generation");
-                let pruned = claim::prune_claims(&dir, next);
-                if pruned > 0 {
-                    debug!(pruned, "pruned old generation claims");
-                }
                 let h = self.head();
                 h.generation = Some(next);
                 h.seq = prev_seq;
@@ -519,17 +543,20 @@ impl Node {
             }
             Err(e) => {
                 warn!(error = %e, "cannot claim a head generation");
-                self.set_state(NodeState::Standby, format!("{e}"));
+                self.set_state(NodeState::Standby, e.clone());
             }
         }
     }
 
-    /// Writes the record with our generation; refuses (without writing)
-    /// when a higher generation exists.
+    /// Writes the record with our generation, on the storage thread within
+    /// [`STORAGE_BOUND`]; refuses (without writing) when a higher
+    /// generation was claimed or published, so a fenced head never
+    /// overwrites (nor withdraws) a newer head's record.
     pub(super) fn publish(&mut self, state: HeadState) -> Result<(), Fenced> {
-        if let Some(higher) = self.fenced() {
-            return Err(Fenced(higher));
-        }
+        self.publish_within(state, STORAGE_BOUND)
+    }
+
+    fn publish_within(&mut self, state: HeadState, bound: Duration) -> Result<(), Fenced> {
         let (ip, cfg_ttl, refresh) = (self.ip, self.cfg.ttl, self.cfg.refresh);
         let instance_id = self
             .ray
@@ -572,7 +599,29 @@ impl Node {
             gcs_ft,
         };
         h.next_refresh = Some(Instant::now() + refresh);
-        match argus_discovery::publish(&path, &rec.to_bytes()) {
+        let bytes = rec.to_bytes();
+        let written = self.storage.run("publish head record", bound, move || {
+            let dir = epochs_dir(&path);
+            let claimed = claim::highest_generation(&dir).unwrap_or(0);
+            let published = read_record(&path).map_or(0, |(r, _)| r.generation);
+            let higher = claimed.max(published);
+            if higher > generation {
+                return Err(Fenced(higher));
+            }
+            Ok(argus_discovery::publish(&path, &bytes))
+        });
+        let written = match written {
+            Ok(w) => {
+                self.storage_ok();
+                w?
+            }
+            Err(e) => {
+                self.storage_failed(&e);
+                return Ok(());
+            }
+        };
+        let h = self.head();
+        match written {
             Ok(()) => {
                 h.published = state == HeadState::Running;
                 debug!(seq = rec.seq, ?state, "published head record");
@@ -588,11 +637,16 @@ impl Node {
 
     /// Head: marks the record stopped at once (R-HEAD-4).
     pub(super) fn withdraw(&mut self) {
+        self.withdraw_within(STORAGE_BOUND);
+    }
+
+    /// [`Self::withdraw`], waiting for the storage at most `bound`.
+    pub(super) fn withdraw_within(&mut self, bound: Duration) {
         if let RoleState::Head(h) = &mut self.role {
             if h.published {
                 h.next_refresh = None;
                 h.published = false;
-                if let Err(Fenced(higher)) = self.publish(HeadState::Stopped) {
+                if let Err(Fenced(higher)) = self.publish_within(HeadState::Stopped, bound) {
                     info!(
                         higher,
                         "not withdrawing: a newer head's record must stay as it is"

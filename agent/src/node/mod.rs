@@ -3,7 +3,7 @@
 //! stops cleanly on request.
 //!
 //! Events (signals from the signal thread, Ray's exit from the reaper,
-//! file-change hints from notify) arrive on one channel; everything else is
+//! file-change hints from inotify) arrive on one channel; everything else is
 //! driven by deadlines checked on each wake-up, so nothing busy-loops and
 //! nothing sleeps blindly.
 //!
@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use argus_discovery::record::rfc3339;
@@ -27,8 +27,8 @@ use tracing::{debug, info, warn};
 
 use crate::config::{Config, Role};
 use crate::netinfo::IpSource;
-use crate::shim::janitor::{self, JanitorScope};
 use crate::status::{self, NodeState, Status};
+use crate::storage::{Storage, StorageError};
 use crate::supervise::backoff::Backoff;
 use crate::supervise::reaper::{self, Exit};
 use crate::supervise::tree::{self, ProcTree};
@@ -41,14 +41,25 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 const WAIT_LOG_EVERY: Duration = Duration::from_secs(30);
 /// How long the head waits for its raylet before publishing anyway.
 const HEAD_RAYLET_WAIT: Duration = Duration::from_secs(60);
+/// The whole stop (Ray, its group, engine containers, the withdraw) ends
+/// within this long of SIGTERM: inside `docker stop`'s default 10 s.
+const STOP_BUDGET: Duration = Duration::from_millis(9500);
+/// What the stop keeps after Ray's grace for the SIGKILL and the sweep.
+const STOP_RESERVE: Duration = Duration::from_millis(800);
+/// Bound of one shared-storage operation on the event loop.
+pub(super) const STORAGE_BOUND: Duration = Duration::from_secs(1);
+/// Bound of the withdraw at stop.
+const WITHDRAW_BOUND: Duration = Duration::from_millis(1000);
 /// Consecutive failures from which a crash loop is reported.
 const CRASH_LOOP_AFTER: u32 = 3;
 
 mod head;
+mod janitor;
 mod ray;
 mod worker;
 
 use head::HeadRole;
+use janitor::Janitor;
 use ray::RayRun;
 use worker::WorkerRole;
 
@@ -66,6 +77,8 @@ pub(super) struct Target {
     pub(super) generation: u64,
     pub(super) instance_id: String,
     pub(super) address: String,
+    /// The head runs with GCS fault tolerance (R-WRK-7).
+    pub(super) gcs_ft: bool,
 }
 
 impl std::fmt::Display for Target {
@@ -118,6 +131,13 @@ pub struct Node {
     /// A file-event hint is queued and not yet handled.
     event_pending: Arc<AtomicBool>,
     role: RoleState,
+    /// Shared-storage I/O runs here, never on the loop itself.
+    storage: Storage,
+    /// The last storage failure was logged (once per outage).
+    storage_hung_logged: bool,
+    janitor: Option<Janitor>,
+    /// When the first SIGTERM/SIGINT arrived (set by the signal thread).
+    stop_at: Arc<OnceLock<Instant>>,
 }
 
 impl Node {
@@ -165,6 +185,10 @@ impl Node {
             watch_state: crate::watch::WatchState::Off,
             event_pending: Arc::new(AtomicBool::new(false)),
             role,
+            storage: Storage::start(),
+            storage_hung_logged: false,
+            janitor: None,
+            stop_at: Arc::new(OnceLock::new()),
         }
     }
 
@@ -181,7 +205,13 @@ impl Node {
     /// Runs until stopped; returns the process exit code.
     pub fn run(mut self) -> i32 {
         let tx = self.tx.clone();
-        reaper::route_signals(move |sig| tx.send(Event::Signal(sig)).is_ok());
+        let stop_at = self.stop_at.clone();
+        reaper::route_signals(move |sig| {
+            if reaper::is_stop(sig) {
+                stop_at.get_or_init(Instant::now);
+            }
+            tx.send(Event::Signal(sig)).is_ok()
+        });
         info!(
             role = %self.cfg.role,
             node_ip = %self.ip,
@@ -191,7 +221,7 @@ impl Node {
             "node agent started"
         );
         self.write_status();
-        start_janitor();
+        self.janitor = Some(Janitor::start());
         loop {
             let ev = match self.pending.pop_front() {
                 Some(ev) => Some(ev),
@@ -258,36 +288,78 @@ impl Node {
 
     // ---- stop and status -------------------------------------------------
 
+    /// Stops the node inside [`STOP_BUDGET`] of the stop signal (SPEC
+    /// §11): SIGTERM to Ray first, then, while Ray stops, the withdraw
+    /// (bounded: the storage may hang) and the removal of this node's
+    /// engine containers; SIGKILL of Ray's group when its grace (cut to fit
+    /// the budget) ends; a sweep of every descendant left.
     fn shutdown(mut self) -> i32 {
+        let t0 = *self.stop_at.get_or_init(Instant::now);
+        let budget_end = t0 + STOP_BUDGET;
         self.set_state(NodeState::Stopping, "stop requested".into());
-        self.withdraw();
-        if let Some(r) = self.ray.as_mut() {
+        let ray = self.ray.as_mut().map(|r| {
             r.stopping = true;
-            let (pid, run) = (r.pid, r.run);
+            (r.pid, r.run)
+        });
+        if let Some((pid, _)) = ray {
             info!(
                 pid,
                 grace_s = self.cfg.stop_grace.as_secs_f64(),
                 "sending SIGTERM to ray"
             );
             let _ = signal::kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-            if !self.wait_ray_exit(run, self.cfg.stop_grace) {
+        }
+        // R-PID-4 / R-SHIM-4: no engine container outlives the node.
+        let containers = self.janitor.as_ref().and_then(Janitor::remove_all);
+        self.withdraw_within(WITHDRAW_BOUND);
+        if let Some((pid, run)) = ray {
+            let grace_end = (t0 + self.cfg.stop_grace).min(budget_end - STOP_RESERVE);
+            let grace = grace_end.saturating_duration_since(Instant::now());
+            if !self.wait_ray_exit(run, grace) {
                 warn!(
                     pid,
-                    "ray did not stop within the grace period; killing its process group"
+                    grace_s = grace_end.saturating_duration_since(t0).as_secs_f64(),
+                    "ray did not stop within its grace; killing its process group"
                 );
                 let _ = signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-                self.wait_ray_exit(run, Duration::from_secs(1));
+                self.wait_ray_exit(run, Duration::from_millis(300));
             }
         }
-        let swept = tree::sweep_descendants(&mut self.tree, Duration::from_millis(800));
+        let sweep = budget_end
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(500));
+        let swept = tree::sweep_descendants(&mut self.tree, sweep);
         if swept > 0 {
             info!(swept, "killed leftover processes");
         }
-        // R-PID-4 / R-SHIM-4: no engine container outlives the node.
-        sweep_containers(JanitorScope::AllOwned, Duration::from_secs(3));
+        if let Some(rx) = containers {
+            let left = budget_end.saturating_duration_since(Instant::now());
+            if rx.recv_timeout(left).is_err() {
+                warn!(
+                    waited_s = left.as_secs_f64(),
+                    "engine containers not confirmed removed within the stop budget"
+                );
+            }
+        }
         self.set_state(NodeState::Stopped, "stopped on request".into());
-        info!("node agent stopped");
+        info!(took_s = t0.elapsed().as_secs_f64(), "node agent stopped");
         0
+    }
+
+    /// Logs a shared-storage failure once per outage (R-WRK-4: it never
+    /// tears down Ray by itself).
+    pub(super) fn storage_failed(&mut self, e: &StorageError) {
+        if !self.storage_hung_logged {
+            self.storage_hung_logged = true;
+            warn!(error = %e, "shared storage hung or too slow; keeping ray as it is and retrying");
+        }
+    }
+
+    /// Notes that a shared-storage operation finished again.
+    pub(super) fn storage_ok(&mut self) {
+        if std::mem::take(&mut self.storage_hung_logged) {
+            info!("shared storage answers again");
+        }
     }
 
     fn set_state(&mut self, state: NodeState, reason: String) {
@@ -360,42 +432,6 @@ impl Node {
         if let Err(e) = status::write(&self.cfg.state_dir, &st) {
             warn!(error = %e, "cannot write status file");
         }
-    }
-}
-
-/// How often the janitor removes containers whose shim died.
-const JANITOR_EVERY: Duration = Duration::from_secs(30);
-
-/// Starts the thread that removes engine containers whose shim process is
-/// gone (the raylet SIGKILLs Ray workers, and the shim is the worker).
-fn start_janitor() {
-    let spawned = std::thread::Builder::new()
-        .name("janitor".into())
-        .spawn(|| loop {
-            sweep_containers(JanitorScope::DeadShims, JANITOR_EVERY);
-            std::thread::sleep(JANITOR_EVERY);
-        });
-    if let Err(e) = spawned {
-        warn!(error = %e, "cannot start the container janitor");
-    }
-}
-
-/// Runs one janitor sweep, waiting at most `timeout` for the daemon.
-fn sweep_containers(scope: JanitorScope, timeout: Duration) {
-    let (tx, rx) = mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("janitor-sweep".into())
-        .spawn(move || {
-            let _ = tx.send(janitor::sweep_blocking(scope));
-        });
-    if spawned.is_err() {
-        return;
-    }
-    match rx.recv_timeout(timeout) {
-        Ok(Ok(0)) => {}
-        Ok(Ok(n)) => info!(removed = n, ?scope, "removed engine containers"),
-        Ok(Err(e)) => warn!(error = %format!("{e:#}"), ?scope, "container janitor failed"),
-        Err(_) => warn!(?scope, "container janitor did not finish in time"),
     }
 }
 

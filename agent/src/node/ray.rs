@@ -99,14 +99,46 @@ impl Node {
             // box). This agent stopped its previous Ray, so the file is stale.
             let _ = std::fs::remove_file(self.ray_temp_dir().join("ray_current_cluster"));
         }
-        let args = self.ray_args(target.as_ref());
+        let mut args = self.ray_args(target.as_ref());
         self.runs += 1;
         let run = self.runs;
         let mut cmd = Command::new(&self.cfg.ray_bin);
-        cmd.args(&args).process_group(0);
+        cmd.process_group(0);
         for (k, v) in &self.extra_env {
             cmd.env(k, v);
         }
+        let mut secret = None;
+        match (&target, &self.cfg.gcs_ft_redis) {
+            // R-WRK-7 on the head: the GCS keeps its tables in Redis, under
+            // a namespace per cluster so clusters can share one Redis
+            // (what KubeRay does for `ray start`).
+            (None, Some(redis)) => {
+                cmd.env("RAY_REDIS_ADDRESS", &redis.address);
+                cmd.env("RAY_external_storage_namespace", &self.cfg.cluster_name);
+                if let Some(u) = &redis.username {
+                    args.insert(1, format!("--redis-username={u}"));
+                }
+                if let Some(p) = &redis.password {
+                    args.insert(1, format!("--redis-password={p}"));
+                    secret = Some(p.clone());
+                }
+            }
+            // A worker of a fault-tolerant head waits for the GCS to come
+            // back as long as the zombie guard allows, instead of Ray's
+            // default 60 s after which the raylet exits.
+            (Some(t), _) if t.gcs_ft => {
+                cmd.env(
+                    "RAY_gcs_rpc_server_reconnect_timeout_s",
+                    self.cfg.gcs_ft_zombie.as_secs().max(1).to_string(),
+                );
+            }
+            _ => {}
+        }
+        cmd.args(&args);
+        let shown: Vec<String> = match &secret {
+            Some(p) => args.iter().map(|a| a.replace(p.as_str(), "***")).collect(),
+            None => args.clone(),
+        };
         let tx = self.tx.clone();
         let instance_id = match &target {
             Some(t) => t.instance_id.clone(),
@@ -116,7 +148,7 @@ impl Node {
             let _ = tx.send(Event::RayExited { run, exit });
         }) {
             Ok(pid) => {
-                info!(pid, run, ray = %self.cfg.ray_bin, args = ?args, "started ray");
+                info!(pid, run, ray = %self.cfg.ray_bin, args = ?shown, "started ray");
                 let head = target.is_none();
                 self.ray = Some(RayRun {
                     run,

@@ -1,5 +1,6 @@
 //! The worker role: wait for a fresh record, join, follow the head.
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -10,10 +11,16 @@ use tracing::{debug, info, warn};
 use crate::status::NodeState;
 use crate::watch::{FileWatch, WatchState};
 
-use super::{Event, Node, RoleState, Target, WAIT_LOG_EVERY};
+use super::head::{self, Probe};
+use super::{Event, Node, RoleState, Target, STORAGE_BOUND, WAIT_LOG_EVERY};
 
 #[derive(Default)]
 pub(super) struct WorkerRole {
+    /// Since when the joined head's GCS has not accepted connections.
+    pub(super) gcs_down_since: Option<Instant>,
+    pub(super) next_gcs_probe: Option<Instant>,
+    /// The long outage was logged (once per outage).
+    pub(super) gcs_reported: bool,
     /// What probes of the joined head's GCS found once its record stopped
     /// changing (status `head_gcs`).
     pub(super) gcs_note: Option<String>,
@@ -63,10 +70,29 @@ impl Node {
 
     /// Reads the record and updates what the worker should be joined to.
     pub(super) fn worker_poll(&mut self) {
-        let now = Instant::now();
-        self.ensure_watch();
         let path = self.cfg.head_file.clone();
-        match read_record(&path) {
+        let p = path.clone();
+        let read = match self
+            .storage
+            .run("read head record", STORAGE_BOUND, move || read_record(&p))
+        {
+            Ok(read) => {
+                self.storage_ok();
+                // Set up only while the storage answers: it stats the folder.
+                self.ensure_watch();
+                read
+            }
+            // R-WRK-4: a hung read is a transient error, never a reason to
+            // touch Ray; the lease just sees no change.
+            Err(e) => {
+                self.storage_failed(&e);
+                self.record_error = Some(format!("cannot read the head record: {e}"));
+                self.worker().desired = None;
+                return;
+            }
+        };
+        let now = Instant::now();
+        match read {
             Ok((rec, raw)) => {
                 self.lease.observe(&raw, now);
                 self.record_error = None;
@@ -103,6 +129,7 @@ impl Node {
                 generation: r.generation,
                 instance_id: r.instance_id.clone(),
                 address: r.gcs_address(),
+                gcs_ft: r.gcs_ft,
             }),
             _ => None,
         };
@@ -131,10 +158,29 @@ impl Node {
         let desired = self.worker().desired.clone();
         let joined = self.ray.as_ref().and_then(|r| r.target.clone());
         if self.ray.is_some() {
+            self.check_head_gcs(now, joined.as_ref());
+            if self.ray.is_none() {
+                return;
+            }
             match &desired {
+                Some(t) if joined.as_ref().is_some_and(|j| rides_through(j, t)) => {
+                    info!(from = ?joined.as_ref().map(|j| j.to_string()), to = %t,
+                        "head restarted at the same address with GCS fault tolerance; ray keeps running (ride-through)");
+                    if let Some(r) = self.ray.as_mut() {
+                        r.target = Some(t.clone());
+                    }
+                    self.worker().scheduled = Some(t.clone());
+                    self.set_state(
+                        NodeState::Running,
+                        format!("joined head {t} (rode a head restart through)"),
+                    );
+                }
                 Some(t) if Some(t) != joined.as_ref() => {
                     info!(from = ?joined.as_ref().map(|j| j.to_string()), to = %t, "head changed; rejoining");
                     self.stop_ray_now("head changed");
+                    // A new head is not the failure we backed off from.
+                    self.backoff.reset();
+                    self.start_after = Instant::now();
                     self.schedule_join(t.clone());
                 }
                 Some(_) => {}
@@ -155,6 +201,12 @@ impl Node {
         match desired {
             Some(t) => {
                 if self.worker().scheduled.as_ref() != Some(&t) {
+                    // A new head instance resets a backoff earned against
+                    // the previous one: join within a poll period + jitter.
+                    if self.worker().scheduled.is_some() {
+                        self.backoff.reset();
+                        self.start_after = Instant::now();
+                    }
                     self.schedule_join(t.clone());
                 }
                 if Instant::now() >= self.start_after {
@@ -190,6 +242,70 @@ impl Node {
         }
     }
 
+    /// Probes the joined head's GCS once its record has stopped changing
+    /// (a crashed head cannot withdraw): reports a GCS that refuses for
+    /// longer than [`GCS_REPORT_AFTER`] in logs and status, without
+    /// touching Ray (the head may come back at the same address). With GCS
+    /// fault tolerance, a worker cut off from the GCS for longer than
+    /// `ARGUS_GCS_FT_ZOMBIE_S` is rejoined (the zombie-worker guard).
+    fn check_head_gcs(&mut self, now: Instant, joined: Option<&Target>) {
+        let Some(j) = joined else { return };
+        let quiet = self
+            .lease
+            .changed_at()
+            .map_or(Duration::MAX, |t| now.saturating_duration_since(t));
+        let probe_after = self.cfg.poll.max(self.cfg.ttl / 4);
+        let w = self.worker();
+        if quiet < probe_after && w.gcs_down_since.is_none() {
+            w.gcs_note = None;
+            return;
+        }
+        if w.next_gcs_probe.is_some_and(|t| now < t) {
+            return;
+        }
+        w.next_gcs_probe = Some(now + Duration::from_secs(1));
+        let Ok(addr) = j.address.parse::<SocketAddr>() else {
+            return;
+        };
+        let p = head::probe(addr, head::PROBE_TIMEOUT);
+        let w = self.worker();
+        if p == Probe::Accepts {
+            if let Some(since) = w.gcs_down_since.take() {
+                info!(%addr, down_s = since.elapsed().as_secs_f64(), "the head's gcs accepts connections again");
+            }
+            w.gcs_note = None;
+            return;
+        }
+        let since = *w.gcs_down_since.get_or_insert(now);
+        let down = now.saturating_duration_since(since);
+        let what = if p == Probe::Refused {
+            "refusing connections"
+        } else {
+            "not answering (timeouts)"
+        };
+        let note = format!(
+            "the head's GCS at {addr} has been {what} for {:.0}s and its record has not changed",
+            down.as_secs_f64()
+        );
+        if down >= GCS_REPORT_AFTER && !w.gcs_reported {
+            w.gcs_reported = true;
+            warn!(%addr, down_s = down.as_secs_f64(), "{note}; keeping ray (the head may come back at the same address)");
+        }
+        if down < GCS_REPORT_AFTER {
+            w.gcs_reported = false;
+        }
+        w.gcs_note = Some(note);
+        if j.gcs_ft && down >= self.cfg.gcs_ft_zombie {
+            warn!(%addr, down_s = down.as_secs_f64(), zombie_s = self.cfg.gcs_ft_zombie.as_secs_f64(),
+                "cut off from the GCS past ARGUS_GCS_FT_ZOMBIE_S; restarting ray to rejoin (zombie-worker guard)");
+            let w = self.worker();
+            w.gcs_down_since = None;
+            w.scheduled = None;
+            self.stop_ray_now("zombie-worker guard");
+            self.start_after = Instant::now();
+        }
+    }
+
     /// Delays the join to a new head by a random jitter (R-WRK-6) so many
     /// workers do not stampede it; at most half a poll period.
     pub(super) fn schedule_join(&mut self, t: Target) {
@@ -201,5 +317,46 @@ impl Node {
         }
         debug!(target = %t, jitter_ms = jitter.as_millis() as u64, "join scheduled");
         self.worker().scheduled = Some(t);
+    }
+}
+
+/// After this long a head GCS that refuses connections is reported.
+const GCS_REPORT_AFTER: Duration = Duration::from_secs(10);
+
+/// Returns true if and only if a worker joined to `joined` keeps its Ray
+/// when the record moves to `to`: the head came back at the same address
+/// and both run with GCS fault tolerance, so the raylet reconnects to the
+/// restarted GCS by itself (R-WRK-7).
+pub(super) fn rides_through(joined: &Target, to: &Target) -> bool {
+    joined.gcs_ft && to.gcs_ft && joined.address == to.address && joined != to
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(addr: &str, instance: &str, generation: u64, gcs_ft: bool) -> Target {
+        Target {
+            generation,
+            instance_id: instance.into(),
+            address: addr.into(),
+            gcs_ft,
+        }
+    }
+
+    #[test]
+    fn a_fault_tolerant_head_restarted_at_the_same_address_is_ridden_through() {
+        let j = t("10.0.0.5:6379", "a", 1, true);
+        assert!(rides_through(&j, &t("10.0.0.5:6379", "b", 1, true)));
+        assert!(rides_through(&j, &t("10.0.0.5:6379", "b", 2, true)));
+    }
+
+    #[test]
+    fn without_gcs_ft_or_at_another_address_the_worker_rejoins() {
+        let j = t("10.0.0.5:6379", "a", 1, true);
+        assert!(!rides_through(&j, &t("10.0.0.6:6379", "b", 2, true)));
+        assert!(!rides_through(&j, &t("10.0.0.5:6379", "b", 2, false)));
+        let plain = t("10.0.0.5:6379", "a", 1, false);
+        assert!(!rides_through(&plain, &t("10.0.0.5:6379", "b", 1, true)));
     }
 }

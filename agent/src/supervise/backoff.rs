@@ -25,6 +25,12 @@ impl Backoff {
         }
     }
 
+    /// Forgets earlier failures: the next delay is the minimum again (a
+    /// worker whose head changed is not crash-looping against the new one).
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+
     /// Returns how many consecutive short runs have been seen.
     pub fn failures(&self) -> u32 {
         self.failures
