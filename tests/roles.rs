@@ -513,33 +513,74 @@ fn worker_keeps_ray_through_garbage_stale_and_lower_generation_records() {
     let sb = Sandbox::new();
     let head = FakeHead::start(&sb, record("127.0.0.5", 4000, "i1", 3, 1));
     let mut w = Agent::start(&sb, "w", &sb.env("w", "worker"));
-    w.wait_for("join", Duration::from_secs(5), |_| {
+    w.wait_for("join", Duration::from_secs(10), |_| {
         !sb.ray_starts("w").is_empty()
     });
     let pid = sb.ray_starts("w")[0]["pid"].as_i64().unwrap();
-    // Garbage.
+    let same_ray = |w: &Agent, phase: &str| {
+        assert_eq!(
+            sb.ray_starts("w").len(),
+            1,
+            "{phase}: ray restarted: {}",
+            w.log()
+        );
+        assert!(alive(pid), "{phase}: ray died: {}", w.log());
+    };
+    // Garbage (rewritten until the agent has polled it twice: the fake head
+    // may publish once more after it is paused).
     head.set(None);
-    std::thread::sleep(Duration::from_millis(300));
-    std::fs::write(sb.head_file(), b"{\"schema_version\": 1, \"head_ip\": tru").unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    let garbage = b"{\"schema_version\": 1, \"head_ip\": tru";
+    let from = w.log().len();
+    w.wait_for("two polls of garbage", Duration::from_secs(20), |w| {
+        if std::fs::read(sb.head_file()).ok().as_deref() != Some(&garbage[..]) {
+            std::fs::write(sb.head_file(), garbage).unwrap();
+        }
+        polls_since(w, from, "malformed head record") >= 2
+    });
+    same_ray(&w, "garbage");
     // Stale: a valid record that stops changing for longer than the TTL.
     publish(
         &sb.head_file(),
         &record("127.0.0.5", 4000, "i1", 3, 99).to_bytes(),
     )
     .unwrap();
-    std::thread::sleep(Duration::from_secs(4));
+    let from = w.log().len();
+    w.wait_for(
+        "two polls of an expired record",
+        Duration::from_secs(30),
+        |w| polls_since(w, from, "head record expired") >= 2,
+    );
     assert!(w.log().contains("keeping ray running"), "{}", w.log());
+    same_ray(&w, "stale");
     // A fenced old head (lower generation) at another address is ignored.
     head.set(Some(record("127.0.0.7", 4000, "zombie", 2, 1)));
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(sb.ray_starts("w").len(), 1, "ray restarted: {}", w.log());
-    assert!(alive(pid), "ray died");
+    let from = w.log().len();
+    w.wait_for(
+        "two polls of a lower generation",
+        Duration::from_secs(20),
+        |w| polls_since(w, from, "older than generation 3") >= 2,
+    );
+    same_ray(&w, "lower generation");
     // The real head comes back fresh: still the same Ray, no restart.
     head.set(Some(record("127.0.0.5", 4000, "i1", 3, 1)));
-    std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(sb.ray_starts("w").len(), 1);
-    assert!(alive(pid));
+    let from = w.log().len();
+    w.wait_for(
+        "two polls of the fresh record",
+        Duration::from_secs(20),
+        |w| polls_since(w, from, "wanted=true") >= 2,
+    );
+    same_ray(&w, "fresh again");
+}
+
+/// How many `head record polled` debug lines containing `what` the agent
+/// logged after byte `from` of its log.
+fn polls_since(w: &Agent, from: usize, what: &str) -> usize {
+    w.log()
+        .get(from..)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("head record polled") && l.contains(what))
+        .count()
 }
 
 #[test]

@@ -141,10 +141,11 @@ fn orphans_are_reaped_as_pid_1() {
 fn signals_are_forwarded_to_ray() {
     let sb = Sandbox::new();
     let mut a = Agent::start(&sb, "s", &sb.env("s", "head"));
-    a.wait_for("ray start", Duration::from_secs(10), |_| {
-        !sb.ray_starts("s").is_empty()
+    // Signals sent before the fake ray installs its handlers would kill it.
+    a.wait_for("ray ready", Duration::from_secs(20), |_| {
+        sb.ray_events("s").iter().any(|e| e["event"] == "ready")
     });
-    std::thread::sleep(Duration::from_millis(300));
+    let kids = child_pids(&sb, "s");
     for sig in [libc::SIGUSR1, libc::SIGHUP, libc::SIGUSR2] {
         a.signal(sig);
     }
@@ -159,11 +160,31 @@ fn signals_are_forwarded_to_ray() {
             .iter()
             .all(|s| got.iter().any(|g| g == s))
     });
+    // Ray and its daemons are all still there (nothing for the agent to
+    // restart), and the agent still reports the same single run.
+    for k in &kids {
+        assert!(alive(*k), "ray's daemon {k} died of a forwarded signal");
+    }
     assert_eq!(
         sb.ray_starts("s").len(),
         1,
-        "forwarding must not restart ray"
+        "forwarding must not restart ray: {}",
+        a.log()
     );
+    assert_eq!(a.status().unwrap()["restarts"], 0, "{}", a.log());
+}
+
+/// The pids of the raylet (and gcs_server) the fake ray of `name` started.
+fn child_pids(sb: &Sandbox, name: &str) -> Vec<i64> {
+    sb.ray_events(name)
+        .iter()
+        .find(|e| e["event"] == "children")
+        .expect("fake ray logged no children")["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_i64().unwrap())
+        .collect()
 }
 
 #[test]
