@@ -456,10 +456,12 @@ fn worker_joins_only_a_record_seen_changing_and_rejoins_on_address_change() {
     let stale = record("127.0.0.5", 4000, "i1", 1, 1);
     publish(&sb.head_file(), &stale.to_bytes()).unwrap();
     let mut w = Agent::start(&sb, "w", &sb.env("w", "worker"));
-    w.wait_for("waiting", Duration::from_secs(5), |w| {
-        w.state() == "waiting_for_head"
-    });
-    std::thread::sleep(Duration::from_secs(1));
+    let from = w.log().len();
+    w.wait_for(
+        "two polls of the unchanged record",
+        Duration::from_secs(20),
+        |w| polls_since(w, from, "has not changed since this agent started") >= 2,
+    );
     assert!(
         sb.ray_starts("w").is_empty(),
         "joined a record never seen changing"
