@@ -422,8 +422,9 @@ class Soak:
             self.sample_rss()
             row = dict(n=i, kind=kind, what=what, recovery_s=round(took, 1), bound_s=bound, broken=broken)
             self.rows.append(row)
+            rss = " ".join(f"{k}={v}" for k, v in self.rss_last.items())
             log(f"fault {i}/{self.o.faults} {kind}: recovered in {took:.1f} s; "
-                + ("ok" if not broken else "BROKEN: " + " | ".join(broken)))
+                + ("ok" if not broken else "BROKEN: " + " | ".join(broken)) + f"; agent RSS KiB {rss}")
             if broken and self.o.stop_on_failure:
                 break
         return self.report()
@@ -434,7 +435,8 @@ class Soak:
             inv = "ok" if not r["broken"] else "BROKEN: " + " | ".join(r["broken"])
             print(f"{r['n']:>3}  {r['kind']:<18} {r['recovery_s']:>10} {r['bound_s']:>7}  {inv}   ({r['what']})")
         survived = sum(1 for r in self.rows if not r["broken"])
-        print(f"\nfaults survived: {survived}/{self.o.faults} (seed {self.o.seed})")
+        print(f"\nfaults survived: {survived}/{self.o.faults} (seed {self.o.seed})"
+              + ("" if len(self.rows) == self.o.faults else f", interrupted after {len(self.rows)}"))
         for k in sorted({r["kind"] for r in self.rows}):
             rs = [r["recovery_s"] for r in self.rows if r["kind"] == k]
             print(f"  {k:<18} n={len(rs):<3} worst recovery {max(rs):6.1f} s (bound {self.o.bound.get(k, FAULTS[k])} s)")
@@ -509,6 +511,11 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return soak.run()
+    except (KeyboardInterrupt, SystemExit):
+        # Interrupted (Ctrl-C, SIGTERM): the table of the faults done so far.
+        if soak.rows:
+            soak.report()
+        return 1
     finally:
         log(f"tearing down project {o.project}")
         soak.c.down()
