@@ -1032,3 +1032,32 @@ print(json.dumps(ray.get(task.remote(6, "{mode}"), timeout=600)))
 "#
     )
 }
+
+/// The short chaos soak (issue 9.3): `scripts/soak.sh --faults 6 --seed 1` on
+/// its own compose project with the images this test binary built; every
+/// invariant must hold after every fault (the full soak is `scripts/soak.sh`,
+/// docs/soak.md).
+#[test]
+fn compose_short_chaos_soak_keeps_every_invariant() {
+    elapsed_since_start();
+    require_docker();
+    build_images(true);
+    let root = workspace_root();
+    let project = format!("argus-soak-e2e-{}", std::process::id());
+    log(&format!(
+        "scripts/soak.sh --faults 6 --seed 1 (project {project})"
+    ));
+    let status = Command::new(root.join("scripts/soak.sh"))
+        .current_dir(&root)
+        .args(["--faults", "6", "--seed", "1", "--no-build"])
+        .args(["--node-image", &node_image()])
+        .args(["--engine-image", &engine_image("stub-a")])
+        .args(["--project", &project])
+        .stdin(Stdio::null())
+        .status()
+        .expect("cannot run scripts/soak.sh");
+    assert!(
+        status.success(),
+        "scripts/soak.sh --faults 6 --seed 1 failed ({status}); its table and logs are above"
+    );
+}

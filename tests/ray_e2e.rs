@@ -100,6 +100,20 @@ fn wait_nodes(
     timeout: Duration,
     ask: Ask,
 ) -> Result<(Vec<Value>, f64), String> {
+    wait_nodes_marked(gcs, want, old, timeout, ask, None)
+}
+
+/// `wait_nodes`, creating the file `polling` once its query has been
+/// answered (or has failed) a first time: evidence that it is watching.
+fn wait_nodes_marked(
+    gcs: &str,
+    want: &[&str],
+    old: &[String],
+    timeout: Duration,
+    ask: Ask,
+    polling: Option<&std::path::Path>,
+) -> Result<(Vec<Value>, f64), String> {
+    let marker = polling.map(|p| p.display().to_string()).unwrap_or_default();
     let deadline = Instant::now() + timeout;
     let mut last = String::new();
     while Instant::now() < deadline {
@@ -127,6 +141,8 @@ while True:
         ns = nodes()
     except Exception as e:
         ns = []
+    if "{marker}":
+        open("{marker}", "a").close()
     alive = {{n["ip"] for n in ns if n["alive"] and n["id"] not in old}}
     if want <= alive or time.time() > t0 + {left}:
         print(json.dumps(dict(nodes=ns, t=time.time() - t0, wall=time.time(), ok=want <= alive)))
@@ -267,19 +283,24 @@ fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
     let gcs_pid = daemon_pid(&head, "gcs_server").expect("gcs_server");
     // The checker polls the GCS from before the kill, so its own start-up
     // does not count; it reports the wall time it first saw the worker.
+    let polling_seen = sb.path().join("checker-polling");
     let checker = {
         let gcs = gcs.clone();
+        let polling = polling_seen.clone();
         std::thread::spawn(move || {
-            wait_nodes(
+            wait_nodes_marked(
                 &gcs,
                 &["127.0.0.3"],
                 &before,
                 Duration::from_secs(90),
                 Ask::Gcs,
+                Some(&polling),
             )
         })
     };
-    std::thread::sleep(Duration::from_secs(3));
+    head.wait_for("the checker polling", Duration::from_secs(60), |_| {
+        polling_seen.exists()
+    });
     unsafe { libc::kill(gcs_pid, libc::SIGKILL) };
     head.wait_for("new instance published", Duration::from_secs(60), |_| {
         sb.record()
@@ -330,16 +351,24 @@ fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
     assert_eq!(ws.code(), Some(0), "{}", worker.log());
     assert_eq!(hs.code(), Some(0), "{}", head.log());
     assert!(wt < Duration::from_secs(10) && ht < Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(500));
-    let left: Vec<String> = [
+    // Killed processes may take a moment to be reaped by their parents.
+    let markers = [
         sb.path().display().to_string(),
         gcs.clone(),
         "127.0.0.3".into(),
-    ]
-    .iter()
-    .flat_map(|m| leftovers(m))
-    .collect();
-    assert!(left.is_empty(), "ray processes left behind: {left:#?}");
+    ];
+    let t = Instant::now();
+    let left = loop {
+        let left: Vec<String> = markers.iter().flat_map(|m| leftovers(m)).collect();
+        if left.is_empty() || t.elapsed() > Duration::from_secs(10) {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        left.is_empty(),
+        "ray processes left behind 10 s after stop: {left:#?}"
+    );
     assert_eq!(sb.record().unwrap()["state"], "stopped");
 }
 

@@ -51,7 +51,7 @@ fn ray_runs_in_its_own_group_with_an_empty_signal_mask() {
     let env = sb.env("w", "head");
     let sb_port = env["ARGUS_RAY_PORT"].clone();
     let mut a = Agent::start(&sb, "w", &env);
-    a.wait_for("ray start", Duration::from_secs(10), |_| {
+    a.wait_for("ray start", Duration::from_secs(30), |_| {
         !sb.ray_starts("w").is_empty()
     });
     let start = &sb.ray_starts("w")[0];
@@ -85,10 +85,11 @@ fn orphans_are_reaped_as_subreaper() {
     let mut env = sb.env("o", "head");
     env.insert("FAKE_RAY_ORPHANS".into(), "5".into());
     let mut a = Agent::start(&sb, "o", &env);
-    a.wait_for("ray start", Duration::from_secs(10), |_| {
-        !sb.ray_starts("o").is_empty()
+    // The five orphans exit 0.3 s after being re-parented: wait until the
+    // agent logged reaping each of them.
+    a.wait_for("five orphans reaped", Duration::from_secs(60), |a| {
+        a.log().matches("reaped orphan").count() >= 5
     });
-    std::thread::sleep(Duration::from_millis(1500));
     let zombies: Vec<_> = children_of(a.pid())
         .into_iter()
         .filter(|(pid, _)| !alive(*pid as i64))
@@ -97,8 +98,6 @@ fn orphans_are_reaped_as_subreaper() {
         zombies.is_empty(),
         "zombies left under the agent: {zombies:?}"
     );
-    // The orphans really were re-parented to the agent: it logged reaping.
-    assert!(a.log().contains("reaped orphan"), "{}", a.log());
 }
 
 #[test]
@@ -112,12 +111,13 @@ fn orphans_are_reaped_as_pid_1() {
         &env,
         &["unshare", "--pid", "--fork", "--mount-proc"],
     );
-    a.wait_for("ray start", Duration::from_secs(10), |_| {
-        !sb.ray_starts("p1").is_empty()
+    // The five orphans exit 0.3 s after being re-parented: wait until the
+    // agent logged reaping each of them.
+    a.wait_for("five orphans reaped", Duration::from_secs(60), |a| {
+        a.log().matches("reaped orphan").count() >= 5
     });
-    std::thread::sleep(Duration::from_millis(1500));
     // Inside the namespace the agent is PID 1; its status says so.
-    a.wait_for("status", Duration::from_secs(5), |a| a.status().is_some());
+    a.wait_for("status", Duration::from_secs(30), |a| a.status().is_some());
     assert_eq!(a.status().unwrap()["agent_pid"], 1, "agent is not PID 1");
     // Count zombies anywhere in the machine whose parent is the namespace's
     // init, seen from outside: the unshare child is the agent.
@@ -141,14 +141,15 @@ fn orphans_are_reaped_as_pid_1() {
 fn signals_are_forwarded_to_ray() {
     let sb = Sandbox::new();
     let mut a = Agent::start(&sb, "s", &sb.env("s", "head"));
-    a.wait_for("ray start", Duration::from_secs(10), |_| {
-        !sb.ray_starts("s").is_empty()
+    // Signals sent before the fake ray installs its handlers would kill it.
+    a.wait_for("ray ready", Duration::from_secs(60), |_| {
+        sb.ray_events("s").iter().any(|e| e["event"] == "ready")
     });
-    std::thread::sleep(Duration::from_millis(300));
+    let kids = child_pids(&sb, "s");
     for sig in [libc::SIGUSR1, libc::SIGHUP, libc::SIGUSR2] {
         a.signal(sig);
     }
-    a.wait_for("forwarded signals", Duration::from_secs(5), |_| {
+    a.wait_for("forwarded signals", Duration::from_secs(30), |_| {
         let got: Vec<String> = sb
             .ray_events("s")
             .iter()
@@ -159,18 +160,38 @@ fn signals_are_forwarded_to_ray() {
             .iter()
             .all(|s| got.iter().any(|g| g == s))
     });
+    // Ray and its daemons are all still there (nothing for the agent to
+    // restart), and the agent still reports the same single run.
+    for k in &kids {
+        assert!(alive(*k), "ray's daemon {k} died of a forwarded signal");
+    }
     assert_eq!(
         sb.ray_starts("s").len(),
         1,
-        "forwarding must not restart ray"
+        "forwarding must not restart ray: {}",
+        a.log()
     );
+    assert_eq!(a.status().unwrap()["restarts"], 0, "{}", a.log());
+}
+
+/// The pids of the raylet (and gcs_server) the fake ray of `name` started.
+fn child_pids(sb: &Sandbox, name: &str) -> Vec<i64> {
+    sb.ray_events(name)
+        .iter()
+        .find(|e| e["event"] == "children")
+        .expect("fake ray logged no children")["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_i64().unwrap())
+        .collect()
 }
 
 #[test]
 fn sigterm_stops_ray_gracefully_and_exits_0() {
     let sb = Sandbox::new();
     let mut a = Agent::start(&sb, "g", &sb.env("g", "head"));
-    a.wait_for("running", Duration::from_secs(10), |a| {
+    a.wait_for("running", Duration::from_secs(30), |a| {
         a.state() == "running"
     });
     let ray_pid = sb.ray_starts("g")[0]["pid"].as_i64().unwrap();
@@ -194,7 +215,7 @@ fn sigterm_escalates_to_sigkill_when_ray_ignores_term() {
     env.insert("FAKE_RAY_IGNORE_TERM".into(), "1".into());
     env.insert("ARGUS_STOP_GRACE_S".into(), "2".into());
     let mut a = Agent::start(&sb, "k", &env);
-    a.wait_for("running", Duration::from_secs(10), |a| {
+    a.wait_for("running", Duration::from_secs(30), |a| {
         a.state() == "running"
     });
     let ray_pid = sb.ray_starts("k")[0]["pid"].as_i64().unwrap();
@@ -234,7 +255,7 @@ fn crash_loop_backs_off_exponentially_and_shows_in_status() {
     env.insert("ARGUS_RESTART_BACKOFF_MIN_S".into(), "0.2".into());
     env.insert("ARGUS_RESTART_BACKOFF_MAX_S".into(), "1.6".into());
     let mut a = Agent::start(&sb, "c", &env);
-    a.wait_for("6 starts", Duration::from_secs(20), |_| {
+    a.wait_for("6 starts", Duration::from_secs(60), |_| {
         sb.ray_starts("c").len() >= 6
     });
     let st = a.status().unwrap();
@@ -270,7 +291,7 @@ fn crash_loop_backs_off_exponentially_and_shows_in_status() {
 fn a_raylet_that_exits_gracefully_is_the_nodes_death() {
     let sb = Sandbox::new();
     let mut a = Agent::start(&sb, "r", &sb.env("r", "head"));
-    a.wait_for("running", Duration::from_secs(10), |a| {
+    a.wait_for("running", Duration::from_secs(30), |a| {
         a.state() == "running"
     });
     let kids = sb
@@ -282,7 +303,7 @@ fn a_raylet_that_exits_gracefully_is_the_nodes_death() {
     let raylet = kids[0].as_i64().unwrap();
     // The raylet exits on SIGTERM while `ray start --block` keeps blocking.
     unsafe { libc::kill(raylet as i32, libc::SIGTERM) };
-    a.wait_for("ray restarted", Duration::from_secs(10), |_| {
+    a.wait_for("ray restarted", Duration::from_secs(30), |_| {
         sb.ray_starts("r").len() >= 2
     });
     assert!(a.log().contains("ray daemon died"), "{}", a.log());
@@ -310,7 +331,7 @@ fn json_logs_go_to_stderr_and_the_log_folder_and_status_shows_the_node() {
     let mut env = sb.env("j", "head");
     env.insert("ARGUS_LOG_FORMAT".into(), "json".into());
     let mut a = Agent::start(&sb, "j", &env);
-    a.wait_for("running", Duration::from_secs(10), |a| {
+    a.wait_for("running", Duration::from_secs(30), |a| {
         a.state() == "running"
     });
     let log = a.log();

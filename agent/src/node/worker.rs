@@ -146,6 +146,9 @@ impl Node {
                 ),
             });
         }
+        // One line per poll: what the worker saw (tests wait on it as
+        // evidence that a poll happened).
+        debug!(fresh, wanted = desired.is_some(), error = ?self.record_error, "head record polled");
         self.worker().desired = desired;
     }
 
