@@ -242,7 +242,7 @@ fn standby_takes_over_at_once_when_the_recorded_gcs_refuses() {
             .is_some_and(|r| r["head_ip"] == "127.0.0.1" && r["state"] == "running")
     });
     assert!(
-        t0.elapsed() < Duration::from_secs(15),
+        t0.elapsed() < Duration::from_secs(30),
         "waited {:?}: a refused GCS needs no TTL (60 s)",
         t0.elapsed()
     );
@@ -269,18 +269,20 @@ fn a_head_killed_with_its_ray_serves_again_at_once_at_the_same_address() {
     // The container restarts: same address, same port, a new agent.
     let t0 = Instant::now();
     let mut h2 = Agent::start(&sb, "h2", &head_env);
-    h2.wait_for("served again", Duration::from_secs(30), |_| {
+    h2.wait_for("served again", Duration::from_secs(60), |_| {
         sb.record()
             .is_some_and(|r| r["state"] == "running" && r["instance_id"] != first["instance_id"])
     });
     let served = t0.elapsed();
-    w.wait_for("worker rejoined", Duration::from_secs(30), |_| {
+    w.wait_for("worker rejoined", Duration::from_secs(60), |_| {
         sb.ray_starts("w").len() == 2
     });
     let rejoined = t0.elapsed();
     eprintln!("served again after {served:?}, worker rejoined after {rejoined:?}");
+    // Well under the TTL (60 s); the figure on a calm machine is ~1 s
+    // (scripts/bench-failover.py), the bound leaves room for a loaded CI.
     assert!(
-        rejoined < Duration::from_secs(10),
+        rejoined < Duration::from_secs(30),
         "{rejoined:?}: the restarted head must not wait for the TTL (60 s)"
     );
     let r = sb.record().unwrap();
@@ -316,7 +318,7 @@ fn a_standby_on_another_address_takes_over_when_the_holders_gcs_refuses() {
     });
     kill_hard(&sb, &mut a);
     let t0 = Instant::now();
-    w.wait_for("worker follows b", Duration::from_secs(30), |_| {
+    w.wait_for("worker follows b", Duration::from_secs(60), |_| {
         addresses(&sb, "w")
             .last()
             .is_some_and(|a| a.starts_with("127.0.0.2:"))

@@ -20,6 +20,8 @@ pub(super) const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 const REFUSALS_FOR_DEAD: u32 = 4;
 /// ... spread over at least this long (R-HEAD-5: "about a second").
 const REFUSALS_SPAN: Duration = Duration::from_millis(900);
+/// Pause between probes of a holder whose GCS accepts connections.
+const LIVE_PROBE_EVERY: Duration = Duration::from_secs(1);
 /// Pause between probes while refusals accumulate.
 const PROBE_EVERY: Duration = Duration::from_millis(300);
 
@@ -493,8 +495,14 @@ impl Node {
             .map_or((0, 0), |r| (r.generation, r.seq));
         let rule = match decision {
             Decision::Standby(rule) => {
-                if matches!(rule, Rule::Probing { .. }) {
-                    self.next_poll = Instant::now() + PROBE_EVERY;
+                // Refusals are confirmed quickly; a live holder is watched
+                // every second, so its death is noticed within about one.
+                match rule {
+                    Rule::Probing { .. } => self.next_poll = Instant::now() + PROBE_EVERY,
+                    Rule::Live => {
+                        self.next_poll = Instant::now() + self.cfg.poll.min(LIVE_PROBE_EVERY)
+                    }
+                    _ => {}
                 }
                 let why = rule.to_string();
                 if self.state != NodeState::Standby || self.head().rule.as_deref() != Some(&why) {
