@@ -326,7 +326,7 @@ fn a_standby_on_another_address_takes_over_when_the_holders_gcs_refuses() {
     let took = t0.elapsed();
     eprintln!("worker on the new head {took:?} after the old head was killed");
     assert!(
-        took < Duration::from_secs(10),
+        took < Duration::from_secs(30),
         "{took:?}: no TTL wait (60 s)"
     );
     assert_eq!(sb.record().unwrap()["generation"], 2);
