@@ -339,14 +339,20 @@ fn json_logs_go_to_stderr_and_the_log_folder_and_status_shows_the_node() {
     let v: serde_json::Value =
         serde_json::from_str(first).unwrap_or_else(|e| panic!("{e}: {first}"));
     assert!(v["fields"]["message"].is_string(), "{v}");
-    let files: Vec<_> = Sandbox::files_under(&sb.path().join("logs-j"))
-        .into_iter()
-        .filter(|f| f.extension().is_some_and(|e| e == "log"))
-        .collect();
-    assert_eq!(files.len(), 1, "{files:?}");
-    assert!(std::fs::read_to_string(&files[0])
-        .unwrap()
-        .contains("node agent started"));
+    // One file, rotated daily (`argus-agent-<host>-head.log.<date>`), written
+    // by its own thread: wait for the line to land.
+    let log_files = || -> Vec<_> {
+        Sandbox::files_under(&sb.path().join("logs-j"))
+            .into_iter()
+            .filter(|f| f.to_string_lossy().contains("-head.log"))
+            .collect()
+    };
+    a.wait_for("the log file", Duration::from_secs(30), |_| {
+        log_files()
+            .iter()
+            .any(|f| std::fs::read_to_string(f).is_ok_and(|t| t.contains("node agent started")))
+    });
+    assert_eq!(log_files().len(), 1, "{:?}", log_files());
     let mut q = std::collections::BTreeMap::new();
     q.insert(
         "ARGUS_STATE_DIR".to_string(),
