@@ -139,20 +139,15 @@ while True:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def summary(name, xs):
-    xs = sorted(xs)
-    print(f"{name}: n={len(xs)} median {statistics.median(xs):.2f}s min {xs[0]:.2f}s max {xs[-1]:.2f}s", flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--skip-ray", action="store_true")
     a = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "argus-agent"], cwd=ROOT, check=True)
-    summary("fake ray, head killed, back at the same address -> 3 workers rejoined ",
+    bn.summary("fake ray, head killed, back at the same address -> 3 workers rejoined ",
             [fake_failover(False) for _ in range(a.runs)])
-    summary("fake ray, head killed, standby at another address -> 3 workers moved",
+    bn.summary("fake ray, head killed, standby at another address -> 3 workers moved",
             [fake_failover(True) for _ in range(a.runs)])
     if a.skip_ray:
         return
@@ -161,7 +156,7 @@ def main():
         return
     for ft in (False, True):
         runs = [real_gcs_kill(ft) for _ in range(max(1, a.runs // 2))]
-        summary(f"real ray, head gcs_server SIGKILLed, GCS FT {'on ' if ft else 'off'} -> both nodes alive",
+        bn.summary(f"real ray, head gcs_server SIGKILLed, GCS FT {'on ' if ft else 'off'} -> both nodes alive",
                 [r[0] for r in runs])
         print(f"    worker Ray restarts per fault: {[r[1] for r in runs]}", flush=True)
 
