@@ -2,6 +2,8 @@
 //! during preflight and the pre-start hook (9.5): `argus-agent run --help`,
 //! `argus-agent config`, bad input in every subcommand, SIGTERM before Ray.
 
+#[path = "support/mod.rs"]
+mod agent_support;
 #[path = "preflight_support.rs"]
 mod support;
 
@@ -427,22 +429,9 @@ fn sigterm_during_a_sleeping_prestart_hook_exits_0_at_once_and_kills_its_group()
 
 /// Returns the pids of the children of `ppid` named `name`.
 fn support_children(ppid: i32, name: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some((head, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let comm = head.split_once('(').map(|(_, c)| c).unwrap_or("");
-        let ppid_of = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok());
-        if comm == name && ppid_of == Some(ppid) {
-            out.push(pid);
-        }
-    }
-    out
+    agent_support::children_of(ppid)
+        .into_iter()
+        .filter(|(_, n)| n == name)
+        .map(|(pid, _)| pid)
+        .collect()
 }
