@@ -8,7 +8,7 @@ For each N, and each file-event mode (ARGUS_FILE_EVENTS on, then off):
      own PID namespace as in a container (the agent is PID 1 there, and its
      process-tree scans see its own node only);
   2. wait until every worker ran its stand-in `ray start` once;
-  3. steady state over --steady seconds: CPU of all agents (utime+stime),
+  3. steady state over --steady seconds: CPU of all agents (schedstat),
      memory (Pss, Private_* from /proc/PID/smaps_rollup), and the opens and
      reads of head.json counted with an inotify watch (IN_OPEN, IN_ACCESS);
   4. a head change: the head is stopped, a new head instance starts at a new
@@ -35,15 +35,16 @@ import argparse, ctypes, json, os, shutil, signal, socket, statistics, struct, s
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKE_RAY = os.path.join(ROOT, "tests/fixtures/fake-ray")
-TICK = os.sysconf("SC_CLK_TCK")
 INOTIFY_LIMIT = "/proc/sys/fs/inotify/max_user_instances"
 
 # The stand-in `ray`: the head is the test fixture (it opens the GCS port and
 # the raylet socket the agent checks); a worker records the time of its
-# start and blocks.
+# start, starts a `raylet` (a copy of sleep) as a real `ray start --block`
+# does, and blocks.
 STANDIN = """#!/bin/sh
 case " $* " in *" --head "*) exec python3 {fake} "$@";; esac
 echo "$(date +%s.%N)" >> "$BENCH_STARTS"
+"$FAKE_RAY_BINDIR/raylet" 1000000000 &
 exec sleep 1000000000
 """
 
@@ -108,13 +109,24 @@ def agent_pid(wrapper_pid):
         return None
 
 
-def cpu_ticks(pid):
+def cpu_seconds(pid):
+    """CPU time of all of `pid`'s threads, in seconds, from schedstat (the
+    scheduler's nanosecond run time). Not utime + stime from /proc/PID/stat:
+    those are charged per clock tick (10 ms) to whoever runs when the tick
+    fires, and an agent that wakes on timers for some microseconds right
+    after a tick is almost never charged (they read ~0 for a thousand idle
+    agents)."""
+    total = 0
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
+        for t in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except OSError:
+                pass
     except OSError:
-        return 0
+        return 0.0
+    return total / 1e9
 
 
 def smaps(pid):
@@ -146,6 +158,11 @@ class Cluster:
     def __init__(self, args, n, events, tmp):
         self.args, self.n, self.events, self.tmp = args, n, events, tmp
         self.shared = os.path.join(tmp, "shared")
+        # The agents' state folders (status.json, rewritten every 10 s) on
+        # memory, as docker-compose.yaml mounts a tmpfs at /run/argus;
+        # --state-on-disk keeps them beside the shared folder.
+        self.state = (os.path.join(tmp, "state") if args.state_on_disk
+                      else tempfile.mkdtemp(prefix="argus-scale-state-", dir="/dev/shm"))
         self.head_file = os.path.join(self.shared, "ray/discovery/argus-ray/head.json")
         os.makedirs(os.path.join(tmp, "bin"), exist_ok=True)
         os.makedirs(os.path.join(tmp, "starts"), exist_ok=True)
@@ -161,7 +178,7 @@ class Cluster:
         e = dict(
             PATH=os.environ["PATH"], HOME=self.tmp, ARGUS_ROLE=role, ARGUS_NODE_IP=ip,
             ARGUS_SHARED_ROOT=self.shared,
-            ARGUS_STATE_DIR=os.path.join(self.tmp, "state", name),
+            ARGUS_STATE_DIR=os.path.join(self.state, name),
             ARGUS_LOG_DIR=os.path.join(self.shared, "common/logs", name),
             ARGUS_RAY_BIN=self.ray, RAY_TMPDIR=os.path.join(self.tmp, "raytmp", name),
             FAKE_RAY_BINDIR=os.path.join(self.tmp, "bin"),
@@ -246,24 +263,24 @@ def steady(c, names, seconds):
     pids = c.agents(names)
     dockerd = [int(x) for x in subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()]
     t0 = time.time()
-    cpu0 = {n: cpu_ticks(p) for n, p in pids.items()}
-    d0 = sum(cpu_ticks(p) for p in dockerd)
+    cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
+    d0 = sum(cpu_seconds(p) for p in dockerd)
     o0 = counter.snapshot()
     time.sleep(seconds)
     o1 = counter.snapshot()
-    cpu1 = {n: cpu_ticks(p) for n, p in pids.items()}
-    d1 = sum(cpu_ticks(p) for p in dockerd)
+    cpu1 = {n: cpu_seconds(p) for n, p in pids.items()}
+    d1 = sum(cpu_seconds(p) for p in dockerd)
     dt = time.time() - t0
     os.close(counter.fd)
     workers = [n for n in pids if n != "head-a"]
     mem = {n: smaps(pids[n]) for n in workers}
     priv = [m.get("Private_Clean", 0) + m.get("Private_Dirty", 0) for m in mem.values()]
-    cpu_w = sum(cpu1[n] - cpu0[n] for n in workers) / TICK / dt
+    cpu_w = sum(cpu1[n] - cpu0[n] for n in workers) / dt
     return dict(
         seconds=round(dt, 1),
-        cpu_all_agents_pct_of_core=round(100 * sum(cpu1[n] - cpu0[n] for n in pids) / TICK / dt, 2),
+        cpu_all_agents_pct_of_core=round(100 * sum(cpu1[n] - cpu0[n] for n in pids) / dt, 2),
         cpu_per_worker_pct_of_core=round(100 * cpu_w / max(1, len(workers)), 4),
-        dockerd_cpu_pct_of_core=round(100 * (d1 - d0) / TICK / dt, 2) if dockerd else None,
+        dockerd_cpu_pct_of_core=round(100 * (d1 - d0) / dt, 2) if dockerd else None,
         pss_total_mib=round(sum(m.get("Pss", 0) for m in mem.values()) / 1024, 1),
         pss_per_worker_kib=round(statistics.mean(m.get("Pss", 0) for m in mem.values())),
         private_per_worker_kib=dict(mean=round(statistics.mean(priv)), max=max(priv)),
@@ -294,7 +311,7 @@ def run_one(args, n, events):
             res["problems"].append(f"{sum(1 for x in names if not c.starts(x))} workers never started ray")
             return res
         res["startup_s"] = round(time.time() - t, 1)
-        states = [json.load(open(os.path.join(tmp, "state", x, "status.json"))).get("file_events", "?") for x in names]
+        states = [json.load(open(os.path.join(c.state, x, "status.json"))).get("file_events", "?") for x in names]
         res["workers_file_events"] = {}
         for s in states:
             k = s.split(":")[0]
@@ -355,6 +372,7 @@ def run_one(args, n, events):
         c.stop_all()
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(c.state, ignore_errors=True)
 
 
 def table(results):
@@ -390,7 +408,9 @@ def main():
     ap.add_argument("--no-raise", action="store_true", help=f"do not raise {INOTIFY_LIMIT} for the run")
     ap.add_argument("--json", default=os.path.join(ROOT, "target/bench-scale.json"))
     ap.add_argument("--bin", default=os.path.join(ROOT, "target/release/argus-agent"))
-    ap.add_argument("--tmp", default=None, help="folder for the run's shared folder and state")
+    ap.add_argument("--tmp", default=None, help="folder for the run's shared folder")
+    ap.add_argument("--state-on-disk", action="store_true",
+                    help="agents' state folders under --tmp instead of /dev/shm (the image mounts a tmpfs there)")
     ap.add_argument("--keep", action="store_true", help="keep the run's folders")
     args = ap.parse_args()
     for tool in ("unshare", "pgrep", "date", "sleep"):

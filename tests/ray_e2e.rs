@@ -313,9 +313,11 @@ fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
         .as_secs_f64();
     let (nodes, seen_wall) = checker.join().unwrap().unwrap_or_else(|e| {
         panic!(
-            "{e}\n--- head ---\n{}\n--- worker ---\n{}",
+            "{e}\n--- head ---\n{}\n--- worker ---\n{}\n--- worker status ---\n{:?}\n--- worker threads ---\n{}",
             head.log(),
-            worker.log()
+            worker.log(),
+            worker.status(),
+            worker.threads()
         )
     });
     let back = Duration::from_secs_f64((seen_wall - published_wall).max(0.0));
@@ -323,9 +325,11 @@ fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
     eprintln!("worker back in the new GCS {back:?} after the new head record: {nodes:?}");
     assert!(
         back < Duration::from_secs(10),
-        "worker took {back:?} to rejoin the restarted head\n--- head ---\n{}\n--- worker ---\n{}",
+        "worker took {back:?} to rejoin the restarted head\n--- head ---\n{}\n--- worker ---\n{}\n--- worker status ---\n{:?}\n--- worker threads ---\n{}",
         head.log(),
-        worker.log()
+        worker.log(),
+        worker.status(),
+        worker.threads()
     );
     // And in ray.nodes() from a driver, once the head's raylet is up too.
     let (nodes, _) = both_alive(&head, &worker);

@@ -10,6 +10,18 @@ mod shim_support;
 use argus::shim::janitor::{sweep_owner_blocking, JanitorScope};
 use shim_support::*;
 
+/// Runs this file's tests one at a time. A dead-shim sweep removes the
+/// engine containers of any owner whose Ray container is gone, so one
+/// test's sweep could remove another's deliberate orphan between its create
+/// and its start ("container is marked for removal and cannot be started",
+/// seen once under load). Real shims never race like this: their owner is
+/// a live Ray container.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Creates a running container labelled like the shim's, owned by `owner`,
 /// for shim `pid` (no start label: only liveness of the pid counts).
 fn labelled(label: &str, owner: &str, pid: Option<u32>, rm: bool) -> String {
@@ -31,6 +43,7 @@ fn labelled(label: &str, owner: &str, pid: Option<u32>, rm: bool) -> String {
 
 #[test]
 fn janitor_removes_dead_shims_containers_then_all_at_node_stop() {
+    let _serial = serial();
     let label = unique("janitor");
     // A running stand-in for the Ray container that owns them.
     let o = docker(&[
@@ -82,6 +95,7 @@ fn janitor_removes_dead_shims_containers_then_all_at_node_stop() {
 
 #[test]
 fn janitor_without_a_docker_socket_returns_zero_at_once() {
+    let _serial = serial();
     let t = std::time::Instant::now();
     let n = argus::shim::janitor::sweep_blocking_at(
         "unix:///nonexistent/docker.sock",
@@ -94,6 +108,7 @@ fn janitor_without_a_docker_socket_returns_zero_at_once() {
 
 #[test]
 fn janitor_removes_containers_whose_ray_container_is_gone() {
+    let _serial = serial();
     let label = unique("orphan");
     // An owner id that no container has (any more).
     let gone = format!("{:0>64}", format!("{:x}", std::process::id()));
@@ -114,6 +129,62 @@ fn janitor_removes_containers_whose_ray_container_is_gone() {
     );
 }
 
+/// Issue 9.10: the shim stops its start-of-run sweep with a token instead
+/// of aborting it; once the token is cancelled the sweep begins no removal.
+#[test]
+fn a_cancelled_sweep_begins_no_removal() {
+    let _serial = serial();
+    use argus::shim::docker::connect_to;
+    use argus::shim::janitor::sweep;
+    use tokio_util::sync::CancellationToken;
+
+    let label = unique("cancelled");
+    // A running stand-in for the Ray container, so that no other test's
+    // dead-shim sweep takes these containers for orphans.
+    let o = docker(&[
+        "run",
+        "-d",
+        "--label",
+        &label,
+        image(),
+        "/bin/tool",
+        "sleep",
+        "120",
+    ]);
+    assert!(o.status.success(), "{}", show(&o));
+    let owner = stdout(&o).trim().to_string();
+    let doomed = [
+        labelled(&label, &owner, None, false),
+        labelled(&label, &owner, None, false),
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let docker = rt
+        .block_on(connect_to("unix:///var/run/docker.sock"))
+        .unwrap();
+    let stop = CancellationToken::new();
+    stop.cancel();
+    let cancelled = rt.block_on(sweep(&docker, &owner, JanitorScope::AllOwned, &stop));
+    let left = containers_with(&label);
+    let n = rt.block_on(sweep(
+        &docker,
+        &owner,
+        JanitorScope::AllOwned,
+        &CancellationToken::new(),
+    ));
+    let after = containers_with(&label);
+    force_remove(&containers_with(&label));
+    assert_eq!(cancelled.unwrap(), 0);
+    assert!(
+        doomed.iter().all(|c| left.contains(c)),
+        "a cancelled sweep removed a container"
+    );
+    assert_eq!(n.unwrap(), 2);
+    assert_eq!(after, vec![owner], "the sweep left more than the owner");
+}
+
 /// Regression (issue 9, item 1: `shim_docker::run_with_a_tty_merges_stderr_into_stdout`
 /// printed "removal of container … is already in progress"): several
 /// removers race for one container on purpose. With raw API calls the race
@@ -121,6 +192,7 @@ fn janitor_removes_containers_whose_ray_container_is_gone() {
 /// container already gone is a success too.
 #[test]
 fn removing_a_container_that_is_being_removed_or_gone_is_success() {
+    let _serial = serial();
     use argus::shim::docker::{connect_to, is_removal_in_progress, remove};
     use bollard::query_parameters::RemoveContainerOptionsBuilder;
 
@@ -174,6 +246,7 @@ fn removing_a_container_that_is_being_removed_or_gone_is_success() {
 /// host node's stop sweep leaves them alone, its own removes them.
 #[test]
 fn host_nodes_sweep_only_their_own_containers() {
+    let _serial = serial();
     use argus::shim::owner::host_owner;
     let label = unique("hostowner");
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -229,6 +302,7 @@ fn host_nodes_sweep_only_their_own_containers() {
 /// containers; once it is removed, any node's sweep removes them.
 #[test]
 fn a_stopped_ray_container_keeps_its_engines_until_it_is_removed() {
+    let _serial = serial();
     let label = unique("stoppedray");
     let o = docker(&[
         "run",

@@ -7,8 +7,9 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-/// How often the running agent rewrites its status even without changes.
-pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// How often the running agent rewrites its status even without changes
+/// (a third of [`STALE_AFTER`]: two missed beats are still healthy).
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// A status older than this means the agent is hung or gone.
 pub const STALE_AFTER: Duration = Duration::from_secs(30);
@@ -85,11 +86,13 @@ pub fn status_path(state_dir: &Path) -> PathBuf {
     state_dir.join("status.json")
 }
 
-/// Writes `status` atomically.
+/// Writes `status` atomically (readers never see a torn file), without
+/// fsync: the state folder is node-local (tmpfs in the image) and the file
+/// is rewritten every [`HEARTBEAT`].
 pub fn write(state_dir: &Path, status: &Status) -> Result<(), argus_discovery::PublishError> {
     let mut bytes = serde_json::to_vec_pretty(status).expect("status serialises");
     bytes.push(b'\n');
-    argus_discovery::publish(&status_path(state_dir), &bytes)
+    argus_discovery::publish_volatile(&status_path(state_dir), &bytes)
 }
 
 /// Why the status could not be read.

@@ -124,6 +124,32 @@ mod tests {
     }
 
     #[test]
+    fn one_publish_is_one_event_under_the_records_name() {
+        // Regression: the publisher closed its temp file after renaming it,
+        // so each publish raised MOVED_TO and CLOSE_WRITE under the
+        // record's name, and every watching worker read the record twice.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("head.json");
+        let mut ino = Inotify::init().unwrap();
+        ino.watches().add(dir.path(), mask()).unwrap();
+        argus_discovery::publish(&file, b"{}").unwrap();
+        std::fs::remove_file(&file).unwrap();
+        let mut buf = [0u8; 4096];
+        let mut named = Vec::new();
+        'read: loop {
+            for e in ino.read_events_blocking(&mut buf).unwrap() {
+                if e.name == Some(std::ffi::OsStr::new("head.json")) {
+                    if e.mask.contains(inotify::EventMask::DELETE) {
+                        break 'read;
+                    }
+                    named.push(e.mask);
+                }
+            }
+        }
+        assert_eq!(named, vec![inotify::EventMask::MOVED_TO], "{named:?}");
+    }
+
+    #[test]
     fn opens_and_reads_are_not_watched() {
         // Every worker reads the shared record: watching reads would wake
         // all N watchers on each read.

@@ -32,6 +32,18 @@ pub enum PublishError {
 
 /// Atomically replaces `path` with `bytes`, creating the directory if needed.
 pub fn publish(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
+    replace(path, bytes, true)
+}
+
+/// Atomically replaces `path` with `bytes` without fsync: readers see the
+/// old or the new bytes, but a power cut may lose the write. For node-local
+/// state rewritten every few seconds (the status file on tmpfs), where an
+/// fsync is pure cost.
+pub fn publish_volatile(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
+    replace(path, bytes, false)
+}
+
+fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<(), PublishError> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -56,7 +68,9 @@ pub fn publish(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
         .tempfile_in(dir)
         .map_err(write_err)?;
     tmp.write_all(bytes).map_err(write_err)?;
-    tmp.as_file().sync_all().map_err(write_err)?;
+    if durable {
+        tmp.as_file().sync_all().map_err(write_err)?;
+    }
     // Readable by workers running as other users.
     {
         use std::os::unix::fs::PermissionsExt;
@@ -64,11 +78,17 @@ pub fn publish(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
             .as_file()
             .set_permissions(std::fs::Permissions::from_mode(0o644));
     }
+    // Closed before the rename: a close after it would raise a second
+    // file event (IN_CLOSE_WRITE) under the record's name, and every
+    // watching worker would read the record twice per publish.
+    let tmp = tmp.into_temp_path();
     tmp.persist(path).map_err(|e| PublishError::Rename {
         path: path.to_path_buf(),
         source: e.error,
     })?;
-    sync_dir(dir);
+    if durable {
+        sync_dir(dir);
+    }
     Ok(())
 }
 

@@ -184,6 +184,56 @@ impl Agent {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
+    /// Describes the agent's threads for a failure message: each thread's
+    /// name, state and kernel wait channel from /proc, and the user-space
+    /// stacks from gdb when it is installed. What a hang leaves to look at.
+    pub fn threads(&self) -> String {
+        let pid = self.pid();
+        let mut out = String::new();
+        if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for t in rd.flatten() {
+                let p = t.path();
+                let read = |f: &str| {
+                    std::fs::read_to_string(p.join(f))
+                        .unwrap_or_default()
+                        .trim()
+                        .to_string()
+                };
+                let stat = read("stat");
+                let state = stat
+                    .rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("?")
+                    .to_string();
+                out.push_str(&format!(
+                    "tid {} {:<16} state {} wchan {} syscall {}\n",
+                    t.file_name().to_string_lossy(),
+                    read("comm"),
+                    state,
+                    read("wchan"),
+                    read("syscall").split_whitespace().next().unwrap_or("")
+                ));
+            }
+        }
+        let gdb = Command::new("timeout")
+            .args(["30", "gdb", "-p", &pid.to_string(), "-batch", "-nx"])
+            .args(["-ex", "thread apply all bt 30"])
+            .stdin(Stdio::null())
+            .output();
+        if let Ok(o) = gdb {
+            let text = String::from_utf8_lossy(&o.stdout);
+            out.extend(
+                text.lines()
+                    .filter(|l| l.starts_with('#') || l.starts_with("Thread"))
+                    .map(|l| format!("{l}\n")),
+            );
+        }
+        out
+    }
+
     pub fn status(&self) -> Option<Value> {
         serde_json::from_slice(&std::fs::read(self.state_dir.join("status.json")).ok()?).ok()
     }
@@ -207,10 +257,11 @@ impl Agent {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!(
-            "timed out after {timeout:?} waiting for {what}\n--- status of {} ---\n{:?}\n--- log ---\n{}",
+            "timed out after {timeout:?} waiting for {what}\n--- status of {} ---\n{:?}\n--- log ---\n{}\n--- threads ---\n{}",
             self.name,
             self.status(),
-            self.log()
+            self.log(),
+            self.threads()
         );
     }
 

@@ -1,8 +1,7 @@
 //! The head role: standby, generation claims and takeover (R-HEAD-5),
 //! publishing, refreshing and withdrawing the record.
 
-use std::io;
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant, SystemTime};
 
 use argus_discovery::claim::{self, epochs_dir};
@@ -12,10 +11,16 @@ use tracing::{debug, error, info, warn};
 
 use crate::status::NodeState;
 
+pub(super) use super::probe::Probe;
+use super::probe::{Probed, Purpose};
 use super::{Node, RoleState, HEAD_RAYLET_WAIT, STORAGE_BOUND};
 
 /// Bound of one connection attempt to a GCS address.
 pub(super) const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
+/// Bound of one probe of our own GCS while Ray starts.
+const SERVING_PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+/// Pause between probes of our own GCS while Ray starts.
+pub(super) const SERVING_CHECK_EVERY: Duration = Duration::from_millis(200);
 /// Refused probes needed before another head's GCS counts as dead ...
 const REFUSALS_FOR_DEAD: u32 = 4;
 /// ... spread over at least this long (R-HEAD-5: "about a second").
@@ -45,26 +50,6 @@ pub(super) struct HeadRole {
 /// A higher generation than ours exists: a newer head holds the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Fenced(pub(super) u64);
-
-/// What one connection attempt to a GCS address found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Probe {
-    /// Something accepted the connection: the GCS is up.
-    Accepts,
-    /// ECONNREFUSED / RST: the host is up and nothing listens.
-    Refused,
-    /// A timeout, no route, or another error: cannot tell (a partition?).
-    Inconclusive,
-}
-
-/// Returns what a connection to `addr` finds within `timeout`.
-pub(super) fn probe(addr: SocketAddr, timeout: Duration) -> Probe {
-    match TcpStream::connect_timeout(&addr, timeout) {
-        Ok(_) => Probe::Accepts,
-        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Probe::Refused,
-        Err(_) => Probe::Inconclusive,
-    }
-}
 
 /// Probe results for one GCS address, since it was first probed.
 #[derive(Debug, Clone, Default)]
@@ -332,22 +317,21 @@ impl Node {
         let serving = self.ray.as_ref().is_some_and(|r| r.serving);
         if !serving {
             let addr = SocketAddr::new(self.ip, self.cfg.ray_port);
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            let sockets = self.ray_temp_dir().join("session_latest/sockets");
+            let Some(r) = self.ray.as_mut() else { return };
+            let waited = r.started.elapsed() >= HEAD_RAYLET_WAIT;
+            if !(r.gcs_accepts && (r.raylet_up || waited)) {
+                if now >= r.next_check
+                    && self
+                        .prober
+                        .serving(addr, SERVING_PROBE_TIMEOUT, sockets, r.started_wall)
+                {
+                    r.next_check = now + SERVING_CHECK_EVERY;
+                }
                 return;
             }
-            let Some((started, started_wall)) =
-                self.ray.as_ref().map(|r| (r.started, r.started_wall))
-            else {
-                return;
-            };
-            let raylet = self.head_raylet_ready(started_wall);
-            if !raylet && started.elapsed() < HEAD_RAYLET_WAIT {
-                return;
-            }
-            if let Some(r) = self.ray.as_mut() {
-                r.serving = true;
-            }
-            if raylet {
+            r.serving = true;
+            if r.raylet_up {
                 info!(%addr, "gcs accepts connections and the head's raylet is up; publishing head record");
             } else {
                 warn!(%addr, waited_s = HEAD_RAYLET_WAIT.as_secs(), "gcs accepts connections but the head's raylet socket was not seen; publishing head record anyway");
@@ -380,32 +364,31 @@ impl Node {
         self.set_state(NodeState::Standby, format!("fenced by generation {higher}"));
     }
 
-    /// Returns true if and only if this start's raylet accepts connections on
-    /// its socket in the current session (`<temp>/session_latest`).
-    ///
-    /// Why wait for it: nodes that share a session folder (several nodes on
-    /// one machine) pick socket names by racing on file existence; a worker
-    /// joining while the head's raylet is still starting can take the name
-    /// `sockets/raylet` first and crash the head's raylet (research/ray.md
-    /// §4). Across machines it only means workers join a head that is up.
-    ///
-    /// With GCS fault tolerance a restarted head reuses its session (the
-    /// session name lives in Redis), where the dead raylet's socket may
-    /// still hold the name `raylet`: any `raylet*` socket created by this
-    /// start counts.
-    pub(super) fn head_raylet_ready(&self, started_wall: SystemTime) -> bool {
-        let dir = self.ray_temp_dir().join("session_latest/sockets");
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return false;
+    /// Head: notes what a probe of our own GCS (and raylet) found for the
+    /// Ray run that is starting.
+    pub(super) fn on_serving_probe(&mut self, a: &Probed) {
+        let Some(r) = self.ray.as_mut() else { return };
+        if r.serving || a.asked < r.started || a.probe != Probe::Accepts {
+            return;
+        }
+        r.gcs_accepts = true;
+        r.raylet_up |= a.raylet;
+    }
+
+    /// Standby: adds a probe of the holder's GCS to the evidence; a refusal
+    /// or an inconclusive answer is judged at once (with a fresh read), a
+    /// live holder at the next poll.
+    pub(super) fn on_holder_probe(&mut self, a: &Probed) {
+        let RoleState::Head(h) = &mut self.role else {
+            return;
         };
-        entries.flatten().any(|e| {
-            let sock = e.path();
-            let named = e.file_name().to_string_lossy().starts_with("raylet");
-            let fresh = std::fs::metadata(&sock)
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t + Duration::from_secs(2) >= started_wall);
-            named && fresh && std::os::unix::net::UnixStream::connect(&sock).is_ok()
-        })
+        if h.generation.is_some() {
+            return;
+        }
+        h.probes.add(a.addr, a.probe, a.at);
+        if a.probe != Probe::Accepts {
+            self.next_poll = Instant::now();
+        }
     }
 
     /// Standby: reads the record, probes its holder's GCS and claims the
@@ -464,7 +447,9 @@ impl Node {
             self.lease.unchanged_for(now),
             self.lease.is_missing(),
         );
-        let h = self.head();
+        let RoleState::Head(h) = &mut self.role else {
+            return;
+        };
         if let Some(rec) = &current {
             h.last_good = Some(rec.clone());
         }
@@ -482,11 +467,12 @@ impl Node {
             gcs: GcsVerdict::Unknown,
         };
         if let Some(addr) = to_probe(&ev) {
+            ev.gcs = h.probes.verdict(addr, now);
+            // The answer comes back as an event (probe.rs); the decision
+            // below uses the probes answered so far.
             if h.probes.due(addr, now) {
-                let p = probe(addr, PROBE_TIMEOUT);
-                h.probes.add(addr, p, Instant::now());
+                self.prober.gcs(Purpose::Holder, addr, PROBE_TIMEOUT);
             }
-            ev.gcs = h.probes.verdict(addr, Instant::now());
         }
         let decision = acquire(&ev);
         let (prev_gen, prev_seq) = current
@@ -819,14 +805,5 @@ mod tests {
         let b: SocketAddr = "10.0.0.6:6379".parse().unwrap();
         assert_eq!(p.verdict(b, t0), GcsVerdict::Unknown);
         assert!(p.due(b, t0));
-    }
-
-    #[test]
-    fn probe_tells_refused_from_accepted_on_loopback() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let open = l.local_addr().unwrap();
-        assert_eq!(probe(open, PROBE_TIMEOUT), Probe::Accepts);
-        drop(l);
-        assert_eq!(probe(open, PROBE_TIMEOUT), Probe::Refused);
     }
 }

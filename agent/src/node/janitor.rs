@@ -1,16 +1,18 @@
 //! The node's one container-janitor thread (R-SHIM-4): every 30 s it
-//! removes engine containers whose shim died; at stop it removes every
-//! container this node owns, on request, while Ray is being stopped.
+//! removes engine containers whose shim died; when the stop handle fires
+//! it removes every container this node owns, while Ray is being stopped.
 //!
 //! One thread, fed by a channel: a sweep that hangs on the Docker daemon
 //! delays the next one instead of piling up threads.
 
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::shim::janitor::{self, JanitorScope};
+use crate::supervise::Stop;
 
 /// How often dead shims' containers are swept.
 const EVERY: Duration = Duration::from_secs(30);
@@ -19,51 +21,70 @@ type Outcome = Result<usize, String>;
 
 /// A handle to the janitor thread.
 pub(super) struct Janitor {
-    tx: Option<Sender<SyncSender<Outcome>>>,
+    /// The outcome of the removal at stop.
+    removed: Option<Receiver<Outcome>>,
 }
 
 impl Janitor {
-    /// Starts the thread; its first sweep of dead shims is after 30 s.
-    pub(super) fn start() -> Self {
-        let (tx, rx) = mpsc::channel::<SyncSender<Outcome>>();
+    /// Starts the thread; its first sweep of dead shims is after 30 s. When
+    /// `stop` is requested it removes every container this node owns at
+    /// once, while the node stops Ray, and ends.
+    pub(super) fn start(stop: &Stop) -> Self {
+        let (wake, woken) = mpsc::channel::<()>();
+        let (done, removed) = mpsc::sync_channel(1);
+        // Cuts a periodic sweep short at the stop, so that the removal of
+        // everything owned starts at once.
+        let cut = CancellationToken::new();
+        let cut_short = cut.clone();
         let spawned = std::thread::Builder::new()
             .name("janitor".into())
-            .spawn(move || run(rx));
+            .spawn(move || run(woken, done, cut));
         match spawned {
-            Ok(_) => Self { tx: Some(tx) },
+            Ok(_) => {
+                stop.on_request(move || {
+                    cut_short.cancel();
+                    let _ = wake.send(());
+                });
+                Self {
+                    removed: Some(removed),
+                }
+            }
             Err(e) => {
                 warn!(error = %e, "cannot start the container janitor");
-                Self { tx: None }
+                Self { removed: None }
             }
         }
     }
 
-    /// Asks for the removal of every container this node owns; the answer
-    /// arrives on the returned receiver (the caller bounds the wait).
-    pub(super) fn remove_all(&self) -> Option<Receiver<Outcome>> {
-        let (done, rx) = mpsc::sync_channel(1);
-        self.tx.as_ref()?.send(done).ok()?;
-        Some(rx)
+    /// Waits at most `timeout` for the removal at stop; returns false if
+    /// and only if it was not confirmed in time.
+    pub(super) fn wait_removed(&self, timeout: Duration) -> bool {
+        self.removed
+            .as_ref()
+            .is_none_or(|rx| rx.recv_timeout(timeout).is_ok())
     }
 }
 
-fn run(rx: Receiver<SyncSender<Outcome>>) {
+/// The thread: a sweep of dead shims every [`EVERY`] until the stop (a
+/// message on `woken`), then one removal of everything owned.
+fn run(woken: Receiver<()>, done: SyncSender<Outcome>, cut: CancellationToken) {
     loop {
-        match rx.recv_timeout(EVERY) {
-            Ok(done) => {
-                let out = sweep(JanitorScope::AllOwned);
-                let _ = done.try_send(out);
+        match woken.recv_timeout(EVERY) {
+            Ok(()) => {
+                let all = sweep(JanitorScope::AllOwned, &CancellationToken::new());
+                let _ = done.try_send(all);
+                return;
             }
             Err(RecvTimeoutError::Timeout) => {
-                let _ = sweep(JanitorScope::DeadShims);
+                let _ = sweep(JanitorScope::DeadShims, &cut);
             }
+            // The stop handle is gone without a stop: nothing to remove.
             Err(RecvTimeoutError::Disconnected) => return,
         }
     }
 }
-
-fn sweep(scope: JanitorScope) -> Outcome {
-    match janitor::sweep_blocking(scope) {
+fn sweep(scope: JanitorScope, cut: &CancellationToken) -> Outcome {
+    match janitor::sweep_blocking(scope, cut) {
         Ok(0) => Ok(0),
         Ok(n) => {
             info!(removed = n, ?scope, "removed engine containers");

@@ -3,18 +3,25 @@
 //! stops cleanly on request.
 //!
 //! Events (signals from the signal thread, Ray's exit from the reaper,
-//! file-change hints from inotify) arrive on one channel; everything else is
-//! driven by deadlines checked on each wake-up, so nothing busy-loops and
-//! nothing sleeps blindly.
+//! file-change hints from inotify, probe answers from the probe thread)
+//! arrive on one channel; everything else is driven by deadlines. The loop
+//! sleeps until the earliest deadline or the next event, not on a fixed
+//! tick: an idle worker wakes for its record reads (`reader.rs`) and the
+//! status heartbeat, and nothing busy-loops or sleeps blindly.
+//!
+//! Nothing on the loop waits long: the worker's record reads run on the
+//! reader thread (`reader.rs`), the head's storage I/O on the storage
+//! thread with a bound (`storage.rs`), connection probes on the probe
+//! thread (`probe.rs`), container removal on the janitor thread, and Ray's
+//! daemons are awaited by pidfd (`supervise/exitwatch.rs`). A stop
+//! request reaches all of them through one [`Stop`] handle.
 //!
 //! `ray.rs` owns the Ray run (start, stop, wait) and knows no role;
 //! `head.rs` and `worker.rs` hold each role's state and decisions.
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, OnceLock};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant, SystemTime};
 
 use argus_discovery::record::rfc3339;
@@ -23,18 +30,20 @@ use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::{Config, Role};
 use crate::netinfo::IpSource;
 use crate::status::{self, NodeState, Status};
 use crate::storage::{Storage, StorageError};
 use crate::supervise::backoff::Backoff;
-use crate::supervise::reaper::{self, Exit};
+use crate::supervise::reaper::Exit;
 use crate::supervise::tree::{self, ProcTree};
+use crate::supervise::Stop;
 
-/// How often the loop wakes up when nothing happens.
-const TICK: Duration = Duration::from_millis(200);
+/// The longest the loop sleeps when no deadline is nearer (a safety net:
+/// every wait has its own deadline, and the status heartbeat comes first).
+const IDLE_WAKE: Duration = Duration::from_secs(30);
 /// How often the process tree is scanned for the raylet and GCS.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// How often a waiting node repeats why it waits.
@@ -55,20 +64,35 @@ const CRASH_LOOP_AFTER: u32 = 3;
 
 mod head;
 mod janitor;
+mod probe;
 mod ray;
+mod reader;
 mod worker;
 
 use head::HeadRole;
 use janitor::Janitor;
+use probe::{Probed, Prober, Purpose};
 use ray::RayRun;
+use reader::{ReadResult, RecordReader};
 use worker::WorkerRole;
 
 /// Something the loop reacts to.
 #[derive(Debug)]
 pub enum Event {
     Signal(Signal),
-    RayExited { run: u64, exit: Exit },
-    FileChanged,
+    RayExited {
+        run: u64,
+        exit: Exit,
+    },
+    /// A read of the head record by the worker's reader thread.
+    Record(Box<ReadResult>),
+    Probed(Probed),
+    /// A Ray daemon watched by pidfd exited (see `ray.rs`).
+    DaemonExited {
+        run: u64,
+        name: &'static str,
+        pid: u32,
+    },
 }
 
 /// Which head a worker is (or should be) joined to.
@@ -121,28 +145,33 @@ pub struct Node {
     state_since: SystemTime,
     last_status: Option<Instant>,
     last_wait_log: Option<Instant>,
-    stop_requested: bool,
+    /// The stop request (SIGTERM/SIGINT), shared with everything that can
+    /// take long.
+    stop: Stop,
+    /// The loop sleeps until this instant unless an event comes first.
+    wake_at: Instant,
     lease: Lease,
     record: Option<HeadRecord>,
     record_error: Option<String>,
     next_poll: Instant,
     watcher: Option<crate::watch::FileWatch>,
     watch_state: crate::watch::WatchState,
-    /// A file-event hint is queued and not yet handled.
-    event_pending: Arc<AtomicBool>,
+    /// Worker: reads the record on its own thread.
+    reader: Option<RecordReader>,
     role: RoleState,
     /// Shared-storage I/O runs here, never on the loop itself.
     storage: Storage,
     /// The last storage failure was logged (once per outage).
     storage_hung_logged: bool,
     janitor: Option<Janitor>,
-    /// When the first SIGTERM/SIGINT arrived (set by the signal thread).
-    stop_at: Arc<OnceLock<Instant>>,
+    /// Connection probes run here, never on the loop itself.
+    prober: Prober,
 }
 
 impl Node {
-    /// Creates the node.
-    pub fn new(cfg: Config, ip: IpAddr, ip_source: IpSource) -> Self {
+    /// Creates the node; `stop` is the run's stop handle (the signal route
+    /// requests it and sends the signal as an [`Event`] too).
+    pub fn new(cfg: Config, ip: IpAddr, ip_source: IpSource, stop: Stop) -> Self {
         let (tx, rx) = mpsc::channel();
         let host = hostname::get()
             .map(|h| h.to_string_lossy().into_owned())
@@ -160,7 +189,6 @@ impl Node {
             ip_source,
             holder_id,
             extra_env: Vec::new(),
-            tx,
             rx,
             pending: VecDeque::new(),
             ray: None,
@@ -176,19 +204,21 @@ impl Node {
             state_since: SystemTime::now(),
             last_status: None,
             last_wait_log: None,
-            stop_requested: false,
+            stop,
+            wake_at: now,
             lease: Lease::new(now),
             record: None,
             record_error: None,
             next_poll: now,
             watcher: None,
             watch_state: crate::watch::WatchState::Off,
-            event_pending: Arc::new(AtomicBool::new(false)),
+            reader: None,
             role,
             storage: Storage::start(),
             storage_hung_logged: false,
             janitor: None,
-            stop_at: Arc::new(OnceLock::new()),
+            prober: Prober::start(tx.clone()),
+            tx,
         }
     }
 
@@ -202,16 +232,9 @@ impl Node {
         self.tx.clone()
     }
 
-    /// Runs until stopped; returns the process exit code.
+    /// Runs until stopped; returns the process exit code. Signals reach
+    /// the loop as events sent by the caller's signal route.
     pub fn run(mut self) -> i32 {
-        let tx = self.tx.clone();
-        let stop_at = self.stop_at.clone();
-        reaper::route_signals(move |sig| {
-            if reaper::is_stop(sig) {
-                stop_at.get_or_init(Instant::now);
-            }
-            tx.send(Event::Signal(sig)).is_ok()
-        });
         info!(
             role = %self.cfg.role,
             node_ip = %self.ip,
@@ -221,23 +244,33 @@ impl Node {
             "node agent started"
         );
         self.write_status();
-        self.janitor = Some(Janitor::start());
+        self.janitor = Some(Janitor::start(&self.stop));
+        if matches!(self.role, RoleState::Worker(_)) {
+            let path = self.cfg.head_file.clone();
+            match RecordReader::start(path, self.cfg.poll, self.tx.clone()) {
+                Ok(r) => self.reader = Some(r),
+                Err(e) => {
+                    error!(error = %e, "cannot start the head record's reader thread");
+                    return 1;
+                }
+            }
+        }
         loop {
             let ev = match self.pending.pop_front() {
                 Some(ev) => Some(ev),
-                None => match self.rx.recv_timeout(TICK) {
-                    Ok(ev) => Some(ev),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => None,
-                },
+                None => {
+                    let sleep = self.wake_at.saturating_duration_since(Instant::now());
+                    self.rx.recv_timeout(sleep).ok()
+                }
             };
             if let Some(ev) = ev {
                 self.handle(ev);
             }
-            if self.stop_requested {
+            if self.stop.is_requested() {
                 return self.shutdown();
             }
             self.tick();
+            self.wake_at = self.next_wake();
         }
     }
 
@@ -245,7 +278,7 @@ impl Node {
         match ev {
             Event::Signal(sig @ (Signal::SIGTERM | Signal::SIGINT)) => {
                 info!(?sig, "stop requested");
-                self.stop_requested = true;
+                self.stop.request();
             }
             Event::Signal(sig) => match &self.ray {
                 Some(r) => {
@@ -261,16 +294,64 @@ impl Node {
                 None => debug!(?sig, "no ray child to forward the signal to"),
             },
             Event::RayExited { run, exit } => self.on_ray_exit(run, exit),
-            Event::FileChanged => {
-                self.event_pending.store(false, Ordering::Release);
-                self.next_poll = Instant::now();
+            Event::Record(read) => self.on_record(*read),
+            Event::DaemonExited { run, name, pid } => self.on_daemon_exit(run, name, pid),
+            Event::Probed(a) => {
+                self.prober.answered(a.purpose);
+                match a.purpose {
+                    Purpose::Serving => self.on_serving_probe(&a),
+                    Purpose::Holder => self.on_holder_probe(&a),
+                    Purpose::Joined => self.on_joined_probe(&a),
+                }
             }
         }
     }
 
+    /// Returns when the loop must look again at the latest: the nearest
+    /// deadline of the state the last tick left.
+    fn next_wake(&self) -> Instant {
+        let now = Instant::now();
+        let mut at = now + IDLE_WAKE;
+        let mut by = |t: Instant| at = at.min(t);
+        if let Some(t) = self.last_status {
+            by(t + status::HEARTBEAT);
+        }
+        if let Some(r) = &self.ray {
+            if r.scanned() {
+                by(self.last_watch + WATCH_EVERY);
+            }
+            if matches!(self.role, RoleState::Head(_)) && !r.serving {
+                by(r.next_check);
+            }
+        }
+        match &self.role {
+            RoleState::Head(h) => match (h.generation, &self.ray) {
+                (None, _) => by(self.next_poll),
+                (Some(_), None) => by(self.start_after),
+                (Some(_), Some(_)) => {
+                    if let Some(t) = h.next_refresh {
+                        by(t)
+                    }
+                }
+            },
+            RoleState::Worker(w) => {
+                // A read under way is judged hung after STORAGE_BOUND.
+                if let Some(since) = self.reader.as_ref().and_then(RecordReader::reading_since) {
+                    by(since + STORAGE_BOUND);
+                }
+                if self.ray.is_none() && (w.desired.is_some() || self.state == NodeState::Backoff) {
+                    by(self.start_after);
+                }
+            }
+        }
+        at.max(now)
+    }
+
     fn tick(&mut self) {
         let now = Instant::now();
-        if self.ray.is_some() && now.duration_since(self.last_watch) >= WATCH_EVERY {
+        if self.ray.as_ref().is_some_and(|r| r.scanned())
+            && now.duration_since(self.last_watch) >= WATCH_EVERY
+        {
             self.last_watch = now;
             self.watch_ray();
         }
@@ -294,7 +375,7 @@ impl Node {
     /// engine containers; SIGKILL of Ray's group when its grace (cut to fit
     /// the budget) ends; a sweep of every descendant left.
     fn shutdown(mut self) -> i32 {
-        let t0 = *self.stop_at.get_or_init(Instant::now);
+        let t0 = self.stop.requested_at().unwrap_or_else(Instant::now);
         let budget_end = t0 + STOP_BUDGET;
         self.set_state(NodeState::Stopping, "stop requested".into());
         let ray = self.ray.as_mut().map(|r| {
@@ -309,8 +390,8 @@ impl Node {
             );
             let _ = signal::kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
         }
-        // R-PID-4 / R-SHIM-4: no engine container outlives the node.
-        let containers = self.janitor.as_ref().and_then(Janitor::remove_all);
+        // R-PID-4 / R-SHIM-4: no engine container outlives the node; the
+        // janitor thread started removing them when the stop was requested.
         self.withdraw_within(WITHDRAW_BOUND);
         if let Some((pid, run)) = ray {
             let grace_end = (t0 + self.cfg.stop_grace).min(budget_end - STOP_RESERVE);
@@ -332,9 +413,9 @@ impl Node {
         if swept > 0 {
             info!(swept, "killed leftover processes");
         }
-        if let Some(rx) = containers {
+        if let Some(janitor) = &self.janitor {
             let left = budget_end.saturating_duration_since(Instant::now());
-            if rx.recv_timeout(left).is_err() {
+            if !janitor.wait_removed(left) {
                 warn!(
                     waited_s = left.as_secs_f64(),
                     "engine containers not confirmed removed within the stop budget"

@@ -12,6 +12,7 @@ use nix::unistd::Pid;
 use tracing::{debug, error, info, warn};
 
 use crate::status::NodeState;
+use crate::supervise::exitwatch::ExitWatch;
 use crate::supervise::reaper::{self, Exit};
 use crate::supervise::tree::{self, RayWatch};
 
@@ -30,8 +31,27 @@ pub(super) struct RayRun {
     pub(super) target: Option<Target>,
     /// Head: the GCS accepted a connection and the record is published.
     pub(super) serving: bool,
+    /// Head, while starting: a probe found our GCS accepting ...
+    pub(super) gcs_accepts: bool,
+    /// ... and a raylet socket of this start accepting.
+    pub(super) raylet_up: bool,
+    /// Head, while starting: the next probe of our GCS is due.
+    pub(super) next_check: Instant,
     /// The agent is stopping it on purpose (not a failure).
     pub(super) stopping: bool,
+    /// Once every watched daemon was seen: waits for their exit by pidfd,
+    /// so the process tree is no longer scanned every second.
+    pub(super) exit_watch: Option<ExitWatch>,
+    /// An exit watch was tried for this run (at most once).
+    pub(super) exit_watch_tried: bool,
+}
+
+impl RayRun {
+    /// Returns true if and only if the process tree must be scanned to see
+    /// the daemons die (no pidfd watch).
+    pub(super) fn scanned(&self) -> bool {
+        self.exit_watch.is_none()
+    }
 }
 
 impl Node {
@@ -150,16 +170,22 @@ impl Node {
             Ok(pid) => {
                 info!(pid, run, ray = %self.cfg.ray_bin, args = ?shown, "started ray");
                 let head = target.is_none();
+                let started = Instant::now();
                 self.ray = Some(RayRun {
                     run,
                     pid,
-                    started: Instant::now(),
+                    started,
                     started_wall: SystemTime::now(),
                     watch: RayWatch::new(head),
                     instance_id,
                     target: target.clone(),
                     serving: false,
+                    gcs_accepts: false,
+                    raylet_up: false,
+                    next_check: started,
                     stopping: false,
+                    exit_watch: None,
+                    exit_watch_tried: false,
                 });
                 let reason = match &target {
                     Some(t) => format!("joining head {t}"),
@@ -245,7 +271,7 @@ impl Node {
             match self.rx.recv_timeout(left) {
                 Ok(Event::RayExited { run: r, exit }) => self.on_ray_exit(r, exit),
                 Ok(Event::Signal(sig @ (Signal::SIGTERM | Signal::SIGINT)))
-                    if self.stop_requested =>
+                    if self.state == NodeState::Stopping =>
                 {
                     info!(?sig, "second stop request: killing ray now");
                     if let Some(r) = &self.ray {
@@ -259,6 +285,9 @@ impl Node {
         true
     }
 
+    /// Scans Ray's process tree: a watched daemon (raylet; GCS on the head)
+    /// that was seen and is gone or a zombie is the node's death. Once all
+    /// were seen, their exit is awaited by pidfd instead ([`ExitWatch`]).
     pub(super) fn watch_ray(&mut self) {
         let Some(r) = self.ray.as_mut() else { return };
         self.tree.refresh();
@@ -272,6 +301,41 @@ impl Node {
             // Give `ray start` no chance to block on: kill the group.
             let _ = signal::killpg(Pid::from_raw(rpid as i32), Signal::SIGKILL);
             self.wait_ray_exit(run, Duration::from_secs(3));
+            return;
         }
+        if r.exit_watch_tried {
+            return;
+        }
+        let Some(daemons) = r.watch.all_seen() else {
+            return;
+        };
+        r.exit_watch_tried = true;
+        let (tx, run) = (self.tx.clone(), r.run);
+        let on_exit = move |name, pid| {
+            let _ = tx.send(Event::DaemonExited { run, name, pid });
+        };
+        match ExitWatch::start(&daemons, on_exit) {
+            Ok(w) => {
+                debug!(
+                    ?daemons,
+                    "waiting for the ray daemons' exit by pidfd (no more scans)"
+                );
+                r.exit_watch = Some(w);
+            }
+            Err(e) => {
+                debug!(error = %e, "cannot wait for the ray daemons by pidfd; scanning every second")
+            }
+        }
+    }
+
+    /// A watched daemon of run `run` exited: scans once to confirm and act.
+    pub(super) fn on_daemon_exit(&mut self, run: u64, name: &str, pid: u32) {
+        let Some(r) = self.ray.as_mut().filter(|r| r.run == run) else {
+            return;
+        };
+        debug!(name, pid, "a watched ray daemon exited; scanning");
+        r.exit_watch = None;
+        self.last_watch = Instant::now();
+        self.watch_ray();
     }
 }

@@ -1,18 +1,20 @@
 //! The worker role: wait for a fresh record, join, follow the head.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
-use argus_discovery::{read_record, HeadState, ReadError};
+use argus_discovery::{HeadState, ReadError};
 use rand::Rng;
 use tracing::{debug, info, warn};
 
 use crate::status::NodeState;
+use crate::storage::StorageError;
 use crate::watch::{FileWatch, WatchState};
 
 use super::head::{self, Probe};
-use super::{Event, Node, RoleState, Target, STORAGE_BOUND, WAIT_LOG_EVERY};
+use super::probe::{Probed, Purpose};
+use super::reader::{ReadResult, RecordReader};
+use super::{Node, RoleState, Target, STORAGE_BOUND, WAIT_LOG_EVERY};
 
 #[derive(Default)]
 pub(super) struct WorkerRole {
@@ -50,11 +52,11 @@ impl Node {
         if !self.cfg.head_file.parent().is_some_and(|d| d.is_dir()) {
             return;
         }
-        let tx = self.tx.clone();
-        let pending = self.event_pending.clone();
-        // At most one hint waits in the queue, however many events come.
-        let on_change =
-            move || pending.swap(true, Ordering::AcqRel) || tx.send(Event::FileChanged).is_ok();
+        let Some(nudge) = self.reader.as_ref().map(RecordReader::nudger) else {
+            return;
+        };
+        // The reader reads at once (one read per burst of events).
+        let on_change = move || nudge.send(()).is_ok();
         match FileWatch::start(&self.cfg.head_file, on_change) {
             Ok(w) => {
                 debug!("watching for file events (a shortcut; polling is primary)");
@@ -68,29 +70,13 @@ impl Node {
         }
     }
 
-    /// Reads the record and updates what the worker should be joined to.
-    pub(super) fn worker_poll(&mut self) {
+    /// Takes a read of the record (from the reader thread) and updates
+    /// what the worker should be joined to.
+    pub(super) fn on_record(&mut self, read: ReadResult) {
         let path = self.cfg.head_file.clone();
-        let p = path.clone();
-        let read = match self
-            .storage
-            .run("read head record", STORAGE_BOUND, move || read_record(&p))
-        {
-            Ok(read) => {
-                self.storage_ok();
-                // Set up only while the storage answers: it stats the folder.
-                self.ensure_watch();
-                read
-            }
-            // R-WRK-4: a hung read is a transient error, never a reason to
-            // touch Ray; the lease just sees no change.
-            Err(e) => {
-                self.storage_failed(&e);
-                self.record_error = Some(format!("cannot read the head record: {e}"));
-                self.worker().desired = None;
-                return;
-            }
-        };
+        self.storage_ok();
+        // Set up only while the storage answers: it stats the folder.
+        self.ensure_watch();
         let now = Instant::now();
         match read {
             Ok((rec, raw)) => {
@@ -154,9 +140,21 @@ impl Node {
 
     pub(super) fn worker_tick(&mut self) {
         let now = Instant::now();
-        if now >= self.next_poll {
-            self.next_poll = now + self.cfg.poll;
-            self.worker_poll();
+        // R-WRK-4: a hung read is a transient error, never a reason to
+        // touch Ray; the lease just sees no change.
+        let hung = self
+            .reader
+            .as_ref()
+            .and_then(RecordReader::reading_since)
+            .is_some_and(|since| now.saturating_duration_since(since) >= STORAGE_BOUND);
+        if hung {
+            let e = StorageError::TimedOut {
+                op: "read head record",
+                after: STORAGE_BOUND,
+            };
+            self.storage_failed(&e);
+            self.record_error = Some(format!("cannot read the head record: {e}"));
+            self.worker().desired = None;
         }
         let desired = self.worker().desired.clone();
         let joined = self.ray.as_ref().and_then(|r| r.target.clone());
@@ -267,10 +265,20 @@ impl Node {
             return;
         }
         w.next_gcs_probe = Some(now + Duration::from_secs(1));
-        let Ok(addr) = j.address.parse::<SocketAddr>() else {
+        if let Ok(addr) = j.address.parse::<SocketAddr>() {
+            // The answer arrives as an event: [`Node::on_joined_probe`].
+            self.prober.gcs(Purpose::Joined, addr, head::PROBE_TIMEOUT);
+        }
+    }
+
+    /// Worker: judges a probe of the joined head's GCS (see
+    /// [`Node::check_head_gcs`]).
+    pub(super) fn on_joined_probe(&mut self, a: &Probed) {
+        let joined = self.ray.as_ref().and_then(|r| r.target.clone());
+        let Some(j) = joined.filter(|j| j.address.parse() == Ok(a.addr)) else {
             return;
         };
-        let p = head::probe(addr, head::PROBE_TIMEOUT);
+        let (addr, p, now) = (a.addr, a.probe, a.at);
         let w = self.worker();
         if p == Probe::Accepts {
             if let Some(since) = w.gcs_down_since.take() {

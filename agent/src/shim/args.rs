@@ -667,7 +667,11 @@ impl Rule {
     }
 }
 
-/// One `podman run` flag: its names, whether it takes a value, and its rule.
+/// Stores one occurrence of a flag in [`RunOpts`], or refuses it.
+type Setter = fn(&mut RunOpts, &Flag) -> Result<(), ArgsError>;
+
+/// One `podman run` flag: its names, whether it takes a value, its rule,
+/// and what it sets.
 #[derive(Debug, Clone, Copy)]
 pub struct FlagDef {
     pub long: &'static str,
@@ -676,16 +680,63 @@ pub struct FlagDef {
     pub short: Option<char>,
     pub kind: Kind,
     pub rule: Rule,
+    /// Called for each occurrence, in order: a repeated flag sees them all.
+    set: Setter,
 }
 
-const fn flag(long: &'static str, short: Option<char>, kind: Kind, rule: Rule) -> FlagDef {
+const fn flag(
+    long: &'static str,
+    short: Option<char>,
+    kind: Kind,
+    rule: Rule,
+    set: Setter,
+) -> FlagDef {
     FlagDef {
         long,
         alias: None,
         short,
         kind,
         rule,
+        set,
     }
+}
+
+/// A setter storing a boolean flag in `o.$field`.
+macro_rules! set_bool {
+    ($field:ident) => {
+        |o, f| {
+            o.$field = bool_value(f)?;
+            Ok(())
+        }
+    };
+}
+
+/// A setter storing a flag's value in `o.$field` (the last one wins),
+/// read with `$get` ([`value`] unless given).
+macro_rules! set_value {
+    ($field:ident) => {
+        set_value!($field, value)
+    };
+    ($field:ident, $get:ident) => {
+        |o, f| {
+            o.$field = Some($get(f)?);
+            Ok(())
+        }
+    };
+}
+
+/// A setter appending a flag's value to the list `o.$field`, read with
+/// `$get` ([`value`] unless given).
+macro_rules! push_value {
+    ($field:ident) => {
+        push_value!($field, value)
+    };
+    ($field:ident, $get:ident) => {
+        |o, f| {
+            o.$field.push($get(f)?);
+            Ok(())
+        }
+    };
 }
 
 /// Every `podman run` flag the shim knows: the one definition the parser,
@@ -695,74 +746,205 @@ pub const RUN_FLAGS: &[FlagDef] = {
     use Kind::{Bool as B, Value as V};
     use Rule::*;
     &[
-        flag("rm", None, B, Mapped),
-        flag("detach", Some('d'), B, Allowed),
-        flag("interactive", Some('i'), B, Allowed),
-        flag("tty", Some('t'), B, Allowed),
-        flag("name", None, V, Allowed),
-        flag("replace", None, B, Checked("owned-containers-only")),
-        flag("env", Some('e'), V, Checked("no-job-policy")),
-        flag("env-file", None, V, Allowed),
-        flag("env-host", None, B, Mapped),
-        flag("http-proxy", None, B, Mapped),
-        flag("tz", None, V, Mapped),
-        flag("volume", Some('v'), V, Checked("binds")),
-        flag("mount", None, V, Checked("binds")),
-        flag("tmpfs", None, V, Allowed),
+        flag("rm", None, B, Mapped, set_bool!(rm)),
+        flag("detach", Some('d'), B, Allowed, set_bool!(detach)),
+        flag("interactive", Some('i'), B, Allowed, set_bool!(interactive)),
+        flag("tty", Some('t'), B, Allowed, set_bool!(tty)),
+        flag("name", None, V, Allowed, set_value!(name)),
+        flag(
+            "replace",
+            None,
+            B,
+            Checked("owned-containers-only"),
+            set_bool!(replace),
+        ),
+        flag(
+            "env",
+            Some('e'),
+            V,
+            Checked("no-job-policy"),
+            push_value!(env, unquoted),
+        ),
+        flag("env-file", None, V, Allowed, push_value!(env_files)),
+        flag("env-host", None, B, Mapped, set_bool!(env_host)),
+        flag("http-proxy", None, B, Mapped, set_bool!(http_proxy)),
+        flag("tz", None, V, Mapped, set_tz),
+        flag("volume", Some('v'), V, Checked("binds"), set_volume),
+        flag("mount", None, V, Checked("binds"), set_mount),
+        flag("tmpfs", None, V, Allowed, push_value!(tmpfs)),
         FlagDef {
             alias: Some("net"),
-            ..flag("network", None, V, Checked("namespaces"))
+            ..flag(
+                "network",
+                None,
+                V,
+                Checked("namespaces"),
+                set_value!(network),
+            )
         },
-        flag("pid", None, V, Checked("namespaces")),
-        flag("ipc", None, V, Checked("namespaces")),
-        flag("uts", None, V, Checked("namespaces")),
-        flag("cgroupns", None, V, Checked("namespaces")),
-        flag("userns", None, V, Checked("userns")),
-        flag("user", Some('u'), V, Allowed),
-        flag("group-add", None, V, Mapped),
-        flag("privileged", None, B, Refused("no-privileged")),
-        flag("cap-add", None, V, Checked("capabilities")),
-        flag("cap-drop", None, V, Allowed),
-        flag("security-opt", None, V, Checked("security-opt")),
-        flag("device", None, V, Checked("devices")),
-        flag("gpus", None, V, Mapped),
-        flag("runtime", None, V, Mapped),
-        flag("cgroup-parent", None, V, Refused("no-cgroup-parent")),
-        flag("label", Some('l'), V, Checked("no-shim-labels")),
-        flag("entrypoint", None, V, Allowed),
-        flag("workdir", Some('w'), V, Allowed),
-        flag("hostname", Some('h'), V, Mapped),
-        flag("publish", Some('p'), V, Mapped),
-        flag("publish-all", Some('P'), B, Mapped),
-        flag("add-host", None, V, Mapped),
-        flag("dns", None, V, Mapped),
-        flag("shm-size", None, V, Allowed),
-        flag("memory", Some('m'), V, Allowed),
-        flag("cpus", None, V, Allowed),
-        flag("cpuset-cpus", None, V, Allowed),
-        flag("pids-limit", None, V, Allowed),
-        flag("ulimit", None, V, Allowed),
-        flag("init", None, B, Allowed),
-        flag("read-only", None, B, Allowed),
-        flag("restart", None, V, Allowed),
-        flag("stop-signal", None, V, Allowed),
-        flag("stop-timeout", None, V, Allowed),
-        flag("log-driver", None, V, Allowed),
-        flag("log-opt", None, V, Allowed),
-        flag("pull", None, V, Mapped),
-        flag("quiet", Some('q'), B, Allowed),
-        flag("sig-proxy", None, B, Mapped),
-        flag("platform", None, V, Allowed),
-        flag("cidfile", None, V, Allowed),
-        flag("detach-keys", None, V, Allowed),
-        flag("systemd", None, V, Unsupported),
-        flag("no-hosts", None, B, Unsupported),
-        flag("rmi", None, B, Unsupported),
-        flag("pod", None, V, Unsupported),
-        flag("sdnotify", None, V, Unsupported),
-        flag("help", None, B, Unsupported),
+        flag("pid", None, V, Checked("namespaces"), set_value!(pid)),
+        flag("ipc", None, V, Checked("namespaces"), set_value!(ipc)),
+        flag("uts", None, V, Checked("namespaces"), set_value!(uts)),
+        flag(
+            "cgroupns",
+            None,
+            V,
+            Checked("namespaces"),
+            set_value!(cgroupns),
+        ),
+        flag("userns", None, V, Checked("userns"), set_value!(userns)),
+        flag("user", Some('u'), V, Allowed, set_value!(user)),
+        flag("group-add", None, V, Mapped, push_value!(group_add)),
+        flag(
+            "privileged",
+            None,
+            B,
+            Refused("no-privileged"),
+            set_bool!(privileged),
+        ),
+        flag("cap-add", None, V, Checked("capabilities"), set_cap_add),
+        flag("cap-drop", None, V, Allowed, set_cap_drop),
+        flag(
+            "security-opt",
+            None,
+            V,
+            Checked("security-opt"),
+            push_value!(security_opt),
+        ),
+        flag("device", None, V, Checked("devices"), push_value!(devices)),
+        flag("gpus", None, V, Mapped, set_value!(gpus)),
+        flag("runtime", None, V, Mapped, set_value!(runtime)),
+        flag(
+            "cgroup-parent",
+            None,
+            V,
+            Refused("no-cgroup-parent"),
+            set_value!(cgroup_parent),
+        ),
+        flag(
+            "label",
+            Some('l'),
+            V,
+            Checked("no-shim-labels"),
+            push_value!(labels, unquoted),
+        ),
+        flag(
+            "entrypoint",
+            None,
+            V,
+            Allowed,
+            set_value!(entrypoint, unquoted),
+        ),
+        flag("workdir", Some('w'), V, Allowed, set_value!(workdir)),
+        flag("hostname", Some('h'), V, Mapped, set_value!(hostname)),
+        flag("publish", Some('p'), V, Mapped, push_value!(publish)),
+        flag("publish-all", Some('P'), B, Mapped, set_publish_all),
+        flag("add-host", None, V, Mapped, push_value!(add_host)),
+        flag("dns", None, V, Mapped, push_value!(dns)),
+        flag("shm-size", None, V, Allowed, set_value!(shm_size)),
+        flag("memory", Some('m'), V, Allowed, set_value!(memory)),
+        flag("cpus", None, V, Allowed, set_value!(cpus)),
+        flag("cpuset-cpus", None, V, Allowed, set_value!(cpuset_cpus)),
+        flag("pids-limit", None, V, Allowed, set_value!(pids_limit)),
+        flag("ulimit", None, V, Allowed, push_value!(ulimits)),
+        flag("init", None, B, Allowed, set_bool!(init)),
+        flag("read-only", None, B, Allowed, set_bool!(read_only)),
+        flag("restart", None, V, Allowed, set_value!(restart)),
+        flag("stop-signal", None, V, Allowed, set_value!(stop_signal)),
+        flag("stop-timeout", None, V, Allowed, set_value!(stop_timeout)),
+        flag("log-driver", None, V, Allowed, set_value!(log_driver)),
+        flag("log-opt", None, V, Allowed, push_value!(log_opts)),
+        flag("pull", None, V, Mapped, set_pull),
+        flag("quiet", Some('q'), B, Allowed, set_bool!(quiet)),
+        flag("sig-proxy", None, B, Mapped, set_bool!(sig_proxy)),
+        flag("platform", None, V, Allowed, set_value!(platform)),
+        flag("cidfile", None, V, Allowed, set_value!(cidfile)),
+        flag("detach-keys", None, V, Allowed, set_value!(detach_keys)),
+        flag("systemd", None, V, Unsupported, refuse_unsupported),
+        flag("no-hosts", None, B, Unsupported, refuse_unsupported),
+        flag("rmi", None, B, Unsupported, refuse_unsupported),
+        flag("pod", None, V, Unsupported, refuse_unsupported),
+        flag("sdnotify", None, V, Unsupported, refuse_unsupported),
+        flag("help", None, B, Unsupported, refuse_help),
     ]
 };
+
+/// Returns the flag's value with one pair of shell quotes removed
+/// (see [`unquote`]).
+fn unquoted(f: &Flag) -> Result<String, ArgsError> {
+    Ok(unquote(&value(f)?))
+}
+
+/// Sets `--tz`: podman's shorthand for the container's `TZ`.
+fn set_tz(o: &mut RunOpts, f: &Flag) -> Result<(), ArgsError> {
+    o.env.push(format!("TZ={}", value(f)?));
+    Ok(())
+}
+
+/// Sets `-v` (see [`parse_volume`]).
+fn set_volume(o: &mut RunOpts, f: &Flag) -> Result<(), ArgsError> {
+    o.volumes.push(parse_volume(&unquoted(f)?)?);
+    Ok(())
+}
+
+/// Sets `--mount` as the `-v` or `--tmpfs` it amounts to.
+fn set_mount(o: &mut RunOpts, f: &Flag) -> Result<(), ArgsError> {
+    match parse_mount(&unquoted(f)?)? {
+        Mount::Volume(v) => o.volumes.push(v),
+        Mount::Tmpfs(t) => o.tmpfs.push(t),
+    }
+    Ok(())
+}
+
+/// Sets `--cap-add`, which takes a comma-separated list.
+fn set_cap_add(o: &mut RunOpts, f: &Flag) -> Result<(), ArgsError> {
+    o.cap_add.extend(value(f)?.split(',').map(str::to_string));
+    Ok(())
+}
+
+/// Sets `--cap-drop`, which takes a comma-separated list.
+fn set_cap_drop(o: &mut RunOpts, f: &Flag) -> Result<(), ArgsError> {
+    o.cap_drop.extend(value(f)?.split(',').map(str::to_string));
+    Ok(())
+}
+
+/// Sets `-P` as the publish entry `all`.
+fn set_publish_all(o: &mut RunOpts, f: &Flag) -> Result<(), ArgsError> {
+    if bool_value(f)? {
+        o.publish.push("all".into());
+    }
+    Ok(())
+}
+
+/// Sets `--pull`; podman's `newer` pulls always, as Docker has no such policy.
+fn set_pull(o: &mut RunOpts, f: &Flag) -> Result<(), ArgsError> {
+    let v = value(f)?;
+    o.pull = match v.as_str() {
+        "missing" => PullPolicy::Missing,
+        "always" | "newer" => PullPolicy::Always,
+        "never" => PullPolicy::Never,
+        _ => {
+            return Err(ArgsError::BadValue {
+                flag: f.shown.clone(),
+                value: v,
+            })
+        }
+    };
+    Ok(())
+}
+
+/// Refuses a podman-only flag, whatever its value.
+fn refuse_unsupported(_: &mut RunOpts, f: &Flag) -> Result<(), ArgsError> {
+    Err(ArgsError::Unsupported {
+        flag: f.shown.clone(),
+        value: f.value.clone().unwrap_or_default(),
+    })
+}
+
+/// Refuses `--help` after `run`, as an unknown flag.
+fn refuse_help(_: &mut RunOpts, _: &Flag) -> Result<(), ArgsError> {
+    Err(ArgsError::UnknownFlag("--help".into()))
+}
 
 /// Returns the definition of the `run` flag `name` (long name or alias).
 pub fn run_flag(name: &str) -> Option<&'static FlagDef> {
@@ -918,95 +1100,11 @@ pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
         ..Default::default()
     };
     for f in &flags {
-        let n = f.name.as_str();
-        match n {
-            "rm" => o.rm = bool_value(f)?,
-            "detach" => o.detach = bool_value(f)?,
-            "interactive" => o.interactive = bool_value(f)?,
-            "tty" => o.tty = bool_value(f)?,
-            "privileged" => o.privileged = bool_value(f)?,
-            "init" => o.init = bool_value(f)?,
-            "read-only" => o.read_only = bool_value(f)?,
-            "env-host" => o.env_host = bool_value(f)?,
-            "http-proxy" => o.http_proxy = bool_value(f)?,
-            "quiet" => o.quiet = bool_value(f)?,
-            "sig-proxy" => o.sig_proxy = bool_value(f)?,
-            "replace" => o.replace = bool_value(f)?,
-            "help" => return Err(ArgsError::UnknownFlag("--help".into())),
-            "name" => o.name = Some(value(f)?),
-            "env" => o.env.push(unquote(&value(f)?)),
-            "env-file" => o.env_files.push(value(f)?),
-            "volume" => o.volumes.push(parse_volume(&unquote(&value(f)?))?),
-            "mount" => match parse_mount(&unquote(&value(f)?))? {
-                Mount::Volume(v) => o.volumes.push(v),
-                Mount::Tmpfs(t) => o.tmpfs.push(t),
-            },
-            "tmpfs" => o.tmpfs.push(value(f)?),
-            "network" | "net" => o.network = Some(value(f)?),
-            "pid" => o.pid = Some(value(f)?),
-            "ipc" => o.ipc = Some(value(f)?),
-            "uts" => o.uts = Some(value(f)?),
-            "userns" => o.userns = Some(value(f)?),
-            "user" => o.user = Some(value(f)?),
-            "group-add" => o.group_add.push(value(f)?),
-            "runtime" => o.runtime = Some(value(f)?),
-            "gpus" => o.gpus = Some(value(f)?),
-            "device" => o.devices.push(value(f)?),
-            "entrypoint" => o.entrypoint = Some(unquote(&value(f)?)),
-            "workdir" => o.workdir = Some(value(f)?),
-            "label" => o.labels.push(unquote(&value(f)?)),
-            "cap-add" => o.cap_add.extend(value(f)?.split(',').map(str::to_string)),
-            "cap-drop" => o.cap_drop.extend(value(f)?.split(',').map(str::to_string)),
-            "security-opt" => o.security_opt.push(value(f)?),
-            "shm-size" => o.shm_size = Some(value(f)?),
-            "hostname" => o.hostname = Some(value(f)?),
-            "memory" => o.memory = Some(value(f)?),
-            "cpus" => o.cpus = Some(value(f)?),
-            "pids-limit" => o.pids_limit = Some(value(f)?),
-            "stop-signal" => o.stop_signal = Some(value(f)?),
-            "stop-timeout" => o.stop_timeout = Some(value(f)?),
-            "publish" => o.publish.push(value(f)?),
-            "publish-all" => {
-                if bool_value(f)? {
-                    o.publish.push("all".into())
-                }
-            }
-            "add-host" => o.add_host.push(value(f)?),
-            "dns" => o.dns.push(value(f)?),
-            "platform" => o.platform = Some(value(f)?),
-            "cidfile" => o.cidfile = Some(value(f)?),
-            "ulimit" => o.ulimits.push(value(f)?),
-            "restart" => o.restart = Some(value(f)?),
-            "cgroupns" => o.cgroupns = Some(value(f)?),
-            "cgroup-parent" => o.cgroup_parent = Some(value(f)?),
-            "cpuset-cpus" => o.cpuset_cpus = Some(value(f)?),
-            "log-driver" => o.log_driver = Some(value(f)?),
-            "log-opt" => o.log_opts.push(value(f)?),
-            "detach-keys" => o.detach_keys = Some(value(f)?),
-            "pull" => {
-                let v = value(f)?;
-                o.pull = match v.as_str() {
-                    "missing" => PullPolicy::Missing,
-                    "always" | "newer" => PullPolicy::Always,
-                    "never" => PullPolicy::Never,
-                    _ => {
-                        return Err(ArgsError::BadValue {
-                            flag: f.shown.clone(),
-                            value: v,
-                        })
-                    }
-                }
-            }
-            "tz" => o.env.push(format!("TZ={}", value(f)?)),
-            "systemd" | "no-hosts" | "rmi" | "pod" | "sdnotify" => {
-                return Err(ArgsError::Unsupported {
-                    flag: f.shown.clone(),
-                    value: f.value.clone().unwrap_or_default(),
-                })
-            }
+        match run_flag(&f.name) {
+            Some(def) => (def.set)(&mut o, f)?,
             // Podman global flags (e.g. Ray's --cgroup-manager=cgroupfs):
             // they configure podman itself and mean nothing on Docker.
-            _ => o.ignored.push(f.shown.clone()),
+            None => o.ignored.push(f.shown.clone()),
         }
     }
     let mut seen = std::collections::HashSet::new();
@@ -1337,6 +1435,50 @@ pub(crate) mod tests {
             documented, defined,
             "docs/shim.md's flag table and RUN_FLAGS differ"
         );
+    }
+
+    /// Each [`RUN_FLAGS`] row's setter works: given a sample value, the flag
+    /// changes [`RunOpts`] (besides `given`, which the table fills), or, for
+    /// a podman-only flag, it is refused. A row added without a working
+    /// setter fails here.
+    #[test]
+    fn every_run_flag_sets_its_option_or_is_refused() {
+        let base = parse_run(&s(&["img"])).unwrap();
+        for def in RUN_FLAGS {
+            let long = format!("--{}", def.long);
+            // Booleans try both values: some default to true.
+            let values: &[&str] = match (def.long, def.kind) {
+                ("volume", _) => &["/a:/b"],
+                ("mount", _) => &["type=bind,src=/a,dst=/b"],
+                ("pull", _) => &["never"],
+                (_, Kind::Value) => &["x"],
+                (_, Kind::Bool) => &["true", "false"],
+            };
+            let mut changed = false;
+            for v in values {
+                let got = parse_run(&s(&[&format!("{long}={v}"), "img"]));
+                match (def.rule, def.long) {
+                    (Rule::Unsupported, "help") => {
+                        assert_eq!(got, Err(ArgsError::UnknownFlag(long.clone())))
+                    }
+                    (Rule::Unsupported, _) => assert_eq!(
+                        got,
+                        Err(ArgsError::Unsupported {
+                            flag: long.clone(),
+                            value: v.to_string()
+                        })
+                    ),
+                    _ => {
+                        let o = got.unwrap_or_else(|e| panic!("{long}={v}: {e}"));
+                        changed |= RunOpts { given: vec![], ..o } != base;
+                    }
+                }
+            }
+            assert!(
+                changed || def.rule == Rule::Unsupported,
+                "{long} with {values:?} leaves RunOpts as it was: its setter sets nothing"
+            );
+        }
     }
 
     proptest::proptest! {

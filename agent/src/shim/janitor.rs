@@ -19,6 +19,7 @@ use anyhow::Context as _;
 use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::{InspectContainerOptions, ListContainersOptionsBuilder};
 use bollard::Docker;
+use tokio_util::sync::CancellationToken;
 
 use super::docker::{self, process_start, remove};
 use super::labels::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
@@ -117,13 +118,31 @@ async fn list(docker: &Docker, label: String) -> Result<Vec<Labelled>, ShimError
 /// `DeadShims` sweep also removes orphans: containers whose owning Ray
 /// container is gone (it cannot sweep them itself any more, and with its
 /// PID namespace gone they are dead anyway).
-pub async fn sweep(docker: &Docker, owner: &str, scope: JanitorScope) -> Result<usize, ShimError> {
+///
+/// Once `stop` is cancelled the sweep ends early: a pending list or inspect
+/// is dropped, a removal under way is finished, and no other one begins.
+pub async fn sweep(
+    docker: &Docker,
+    owner: &str,
+    scope: JanitorScope,
+    stop: &CancellationToken,
+) -> Result<usize, ShimError> {
+    let Some(all) = stop
+        .run_until_cancelled(list(docker, LABEL_OWNER.to_string()))
+        .await
+    else {
+        return Ok(0);
+    };
     let mut n = 0;
     let mut others = Vec::new();
-    for c in list(docker, LABEL_OWNER.to_string()).await? {
+    for c in all? {
         if c.owner != owner {
             others.push(c);
         } else if doomed(scope, &c.seen, shim_alive) {
+            if stop.is_cancelled() {
+                tracing::debug!(removed = n, "janitor sweep stopped");
+                return Ok(n);
+            }
             let c = c.seen;
             tracing::info!(id = %c.id, pid = ?c.pid, ?scope, "removing container of the podman shim");
             remove(docker, &c.id).await;
@@ -131,7 +150,7 @@ pub async fn sweep(docker: &Docker, owner: &str, scope: JanitorScope) -> Result<
         }
     }
     if scope == JanitorScope::DeadShims {
-        n += sweep_orphans(docker, others).await?;
+        n += sweep_orphans(docker, others, stop).await?;
     }
     Ok(n)
 }
@@ -144,20 +163,30 @@ pub fn orphaned(owner_state: Option<bool>) -> bool {
     owner_state.is_none()
 }
 
-async fn sweep_orphans(docker: &Docker, others: Vec<Labelled>) -> Result<usize, ShimError> {
+async fn sweep_orphans(
+    docker: &Docker,
+    others: Vec<Labelled>,
+    stop: &CancellationToken,
+) -> Result<usize, ShimError> {
     let mut owners: HashMap<String, Option<bool>> = HashMap::new();
     let mut n = 0;
     for c in others {
+        if stop.is_cancelled() {
+            tracing::debug!(removed = n, "janitor sweep of orphans stopped");
+            return Ok(n);
+        }
         let owner = c.owner;
         // A host node's id names no container: only that node judges it.
         if owner::is_host_owner(&owner) {
             continue;
         }
         if !owners.contains_key(&owner) {
-            let state = match docker
-                .inspect_container(&owner, None::<InspectContainerOptions>)
-                .await
-            {
+            let inspect = docker.inspect_container(&owner, None::<InspectContainerOptions>);
+            let Some(inspected) = stop.run_until_cancelled(inspect).await else {
+                tracing::debug!(removed = n, "janitor sweep of orphans stopped");
+                return Ok(n);
+            };
+            let state = match inspected {
                 Ok(i) => Some(i.state.and_then(|s| s.running).unwrap_or(false)),
                 Err(e) if docker::is_not_found(&e) => None,
                 Err(e) => {
@@ -191,24 +220,34 @@ pub async fn sweep_shim(docker: &Docker, pid: u32, start: u64) -> Result<usize, 
     Ok(n)
 }
 
-/// Sweeps from synchronous code (the node agent). Returns Ok(0) at once when
-/// the daemon's unix socket does not exist: nodes without Docker must not
-/// fail.
-pub fn sweep_blocking(scope: JanitorScope) -> anyhow::Result<usize> {
-    sweep_blocking_at(&docker::address(), scope)
+/// Sweeps from synchronous code (the node agent), until done or `stop` is
+/// cancelled (no removal starts after that). Returns Ok(0) at once when the
+/// daemon's unix socket does not exist: nodes without Docker must not fail.
+pub fn sweep_blocking(scope: JanitorScope, stop: &CancellationToken) -> anyhow::Result<usize> {
+    sweep_until(&docker::address(), None, scope, stop)
 }
 
-/// [`sweep_blocking`] against the daemon at `addr`.
+/// [`sweep_blocking`] against the daemon at `addr`, never cut short.
 pub fn sweep_blocking_at(addr: &str, scope: JanitorScope) -> anyhow::Result<usize> {
     sweep_owner_blocking(addr, None, scope)
 }
 
 /// Sweeps the containers of `owner` (default: this node's, see
-/// [`owner::node_owner`]) at `addr`; Ok(0) at once when the unix socket does not exist.
+/// [`owner::node_owner`]) at `addr`, never cut short; Ok(0) at once when
+/// the unix socket does not exist.
 pub fn sweep_owner_blocking(
     addr: &str,
     owner: Option<&str>,
     scope: JanitorScope,
+) -> anyhow::Result<usize> {
+    sweep_until(addr, owner, scope, &CancellationToken::new())
+}
+
+fn sweep_until(
+    addr: &str,
+    owner: Option<&str>,
+    scope: JanitorScope,
+    stop: &CancellationToken,
 ) -> anyhow::Result<usize> {
     if let Some(path) = docker::socket_path(addr) {
         if !Path::new(path).exists() {
@@ -226,7 +265,7 @@ pub fn sweep_owner_blocking(
                 Some(o) => o.to_string(),
                 None => owner::node_owner(docker::whoami(&docker).await?.as_ref())?,
             };
-            sweep(&docker, &owner, scope).await
+            sweep(&docker, &owner, scope, stop).await
         };
         tokio::time::timeout(Duration::from_secs(30), work)
             .await

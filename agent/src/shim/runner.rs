@@ -2,6 +2,12 @@
 //! image), copy in, attach, proxy signals, start, wait, drain, copy back,
 //! remove. The shim removes `--rm` containers itself (not AutoRemove), so a
 //! fast container's exit code cannot vanish with it.
+//!
+//! The background tasks (the janitor sweep, the output pump, the stdin
+//! feeder, the signal forwarders) all watch one [`CancellationToken`] and
+//! return when it is cancelled; the run then waits for them, briefly, on a
+//! [`TaskTracker`]. None is aborted, so none stops halfway through a write
+//! or a container removal.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -21,6 +27,8 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::args::{PullPolicy, RunOpts};
 use super::docker::{self, is_not_found, message};
@@ -46,6 +54,23 @@ const FORWARDED: &[(i32, &str)] = &[
     (libc::SIGCONT, "SIGCONT"),
     (libc::SIGALRM, "SIGALRM"),
 ];
+
+/// How long dockerd may take to flush a container's output after it exits
+/// (its copiers get 2 s).
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// How long the run waits for its background tasks once told to stop.
+const STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// Cancels `stop` and waits, at most [`STOP_WAIT`], for the `tasks` that
+/// watch it to return.
+async fn stop_tasks(stop: &CancellationToken, tasks: &TaskTracker) {
+    stop.cancel();
+    tasks.close();
+    if tokio::time::timeout(STOP_WAIT, tasks.wait()).await.is_err() {
+        tracing::debug!(left = tasks.len(), "background tasks did not stop in time");
+    }
+}
 
 /// Returns the exit code for a failed start, like the docker CLI's
 /// `runStartContainerErr`: 127 when the command is missing, 126 when it
@@ -271,20 +296,36 @@ pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
     if !policy.relaxed {
         policy.owned_refs = owned_refs(&docker, &o, &ctx.owner).await?;
     }
-    // The janitor runs at each shim start, beside the real work.
-    let sweeper = {
-        let (docker, owner) = (docker.clone(), ctx.owner.clone());
-        tokio::spawn(async move {
-            if let Err(e) = janitor::sweep(&docker, &owner, JanitorScope::DeadShims).await {
+    // The janitor runs at each shim start, beside the real work, and stops
+    // with it.
+    let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
+    {
+        let (docker, owner, stop) = (docker.clone(), ctx.owner.clone(), stop.clone());
+        tasks.spawn(async move {
+            let scope = JanitorScope::DeadShims;
+            if let Err(e) = janitor::sweep(&docker, &owner, scope, &stop).await {
                 tracing::debug!(error = %e, "janitor sweep failed");
             }
-        })
-    };
-    let plan = translate::translate(&o, &ctx)?;
+        });
+    }
+    let code = checked_run(&docker, &policy, &o, &ctx).await;
+    stop_tasks(&stop, &tasks).await;
+    code
+}
+
+/// Translates `o`, checks it against `policy`, then creates and runs the
+/// container and removes it for `--rm`.
+async fn checked_run(
+    docker: &Docker,
+    policy: &Policy,
+    o: &RunOpts,
+    ctx: &Context,
+) -> Result<u8, ShimError> {
+    let plan = translate::translate(o, ctx)?;
     for w in &plan.warnings {
         eprintln!("WARNING: {w}");
     }
-    policy.check_run(&o, &plan)?;
+    policy.check_run(o, &plan)?;
     if policy.relaxed {
         tracing::warn!(
             image = %o.image,
@@ -292,15 +333,14 @@ pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
         );
     }
     if let (true, Some(name)) = (o.replace, &o.name) {
-        docker::remove(&docker, name).await;
+        docker::remove(docker, name).await;
     }
-    let id = create(&docker, &o, plan.body.clone()).await?;
-    let code = run_created(&docker, &o, &plan.copies, &id).await;
+    let id = create(docker, o, plan.body.clone()).await?;
+    let code = run_created(docker, o, &plan.copies, &id).await;
     // Detached --rm is Docker's AutoRemove, unless the start failed.
     if o.rm && (!o.detach || !matches!(code, Ok(0))) {
-        docker::remove(&docker, &id).await;
+        docker::remove(docker, &id).await;
     }
-    sweeper.abort();
     code
 }
 
@@ -340,7 +380,7 @@ async fn run_created(
         .stderr(true)
         .stdin(o.interactive)
         .build();
-    let AttachContainerResults { mut output, input } = docker
+    let AttachContainerResults { output, input } = docker
         .attach_container(id, Some(attach))
         .await
         .map_err(ShimError::docker(format!("attach to container {id}")))?;
@@ -349,130 +389,153 @@ async fn run_created(
     } else {
         None
     };
-    let signals = o
-        .sig_proxy
-        .then(|| forward_signals(docker.clone(), id.to_string(), o.tty));
-    let pump = tokio::spawn(async move {
-        while let Some(item) = output.next().await {
-            let result = match item {
-                Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
-                    let mut out = std::io::stdout().lock();
-                    out.write_all(&message).and_then(|_| out.flush())
-                }
-                Ok(LogOutput::StdErr { message }) => std::io::stderr().lock().write_all(&message),
-                Ok(LogOutput::StdIn { .. }) => Ok(()),
-                Err(e) => {
-                    tracing::debug!(error = %e, "attach stream ended");
-                    break;
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "cannot write container output");
-            }
-        }
-    });
-    let feeder = if o.interactive {
-        let mut input = input;
-        Some(tokio::spawn(async move {
-            let mut stdin = tokio::io::stdin();
-            if let Err(e) = tokio::io::copy(&mut stdin, &mut input).await {
-                tracing::debug!(error = %e, "stdin copy ended");
-            }
-            // Half-close: the daemon closes the container's stdin (StdinOnce).
-            let _ = input.shutdown().await;
-            // Keep the write half alive so the connection is not torn down.
-            std::future::pending::<()>().await;
-        }))
-    } else {
-        // Dropping the write half would not close the connection, but keep
-        // it anyway until the end, like the read half.
-        Some(tokio::spawn(async move {
-            let _keep = input;
-            std::future::pending::<()>().await;
-        }))
-    };
+    let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
+    if o.sig_proxy {
+        forward_signals(&tasks, &stop, docker, id, o.tty);
+    }
+    let pump = tasks.spawn(pump_output(output, stop.clone()));
+    tasks.spawn(feed_input(input, o.interactive, stop.clone()));
     if let Err(e) = docker
         .start_container(id, None::<StartContainerOptions>)
         .await
     {
         let msg = message(&e);
         eprintln!("Error: {msg}");
-        pump.abort();
+        stop_tasks(&stop, &tasks).await;
         return Ok(start_error_code(&msg));
     }
     if o.tty {
         resize(docker, id).await;
     }
-    let wait = WaitContainerOptionsBuilder::new()
-        .condition("not-running")
-        .build();
-    let status = docker.wait_container(id, Some(wait)).next().await;
-    let code: i64 = match status {
-        Some(Ok(r)) => r.status_code,
-        Some(Err(BollardError::DockerContainerWaitError { code, .. })) => code,
-        Some(Err(e)) => return Err(ShimError::docker(format!("wait for container {id}"))(e)),
-        None => {
-            return Err(ShimError::Docker {
-                what: format!("wait for container {id}"),
-                source: BollardError::DockerStreamError {
-                    error: "no wait result".into(),
-                },
-            })
-        }
-    };
-    // dockerd flushes the copiers for up to 2 s after exit.
-    let _ = tokio::time::timeout(Duration::from_secs(2), pump).await;
-    if let Some(s) = signals {
-        s.abort();
+    let exit = wait_exit(docker, id).await;
+    if exit.is_ok() {
+        // The output stream ends by itself once dockerd has flushed it.
+        let _ = tokio::time::timeout(DRAIN, pump).await;
     }
-    if let Some(f) = feeder {
-        f.abort();
-    }
+    stop_tasks(&stop, &tasks).await;
+    let code = exit?;
     for c in copies {
         copy_back(docker, id, c).await?;
     }
     Ok(u8::try_from(code).unwrap_or(EXIT_SHIM))
 }
 
-/// Forwards the catchable signals to container `id` until aborted.
-fn forward_signals(docker: Docker, id: String, tty: bool) -> tokio::task::JoinHandle<()> {
+/// Waits until container `id` is no longer running; returns its exit code.
+async fn wait_exit(docker: &Docker, id: &str) -> Result<i64, ShimError> {
+    let wait = WaitContainerOptionsBuilder::new()
+        .condition("not-running")
+        .build();
+    match docker.wait_container(id, Some(wait)).next().await {
+        Some(Ok(r)) => Ok(r.status_code),
+        Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(code),
+        Some(Err(e)) => Err(ShimError::docker(format!("wait for container {id}"))(e)),
+        None => Err(ShimError::Docker {
+            what: format!("wait for container {id}"),
+            source: BollardError::DockerStreamError {
+                error: "no wait result".into(),
+            },
+        }),
+    }
+}
+
+/// Copies the container's output to ours until the stream ends or `stop`
+/// is cancelled (between two writes, never within one).
+async fn pump_output(
+    mut output: impl futures_util::Stream<Item = Result<LogOutput, BollardError>> + Unpin,
+    stop: CancellationToken,
+) {
+    loop {
+        let item = tokio::select! {
+            _ = stop.cancelled() => return,
+            item = output.next() => item,
+        };
+        let result = match item {
+            None => return,
+            Some(Ok(LogOutput::StdOut { message })) | Some(Ok(LogOutput::Console { message })) => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&message).and_then(|_| out.flush())
+            }
+            Some(Ok(LogOutput::StdErr { message })) => std::io::stderr().lock().write_all(&message),
+            Some(Ok(LogOutput::StdIn { .. })) => Ok(()),
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "attach stream ended");
+                return;
+            }
+        };
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "cannot write container output");
+        }
+    }
+}
+
+/// Holds the write half of the attach connection until `stop` is
+/// cancelled, copying our stdin into it first when `interactive`.
+async fn feed_input(
+    mut input: impl tokio::io::AsyncWrite + Unpin,
+    interactive: bool,
+    stop: CancellationToken,
+) {
+    if interactive {
+        let mut stdin = tokio::io::stdin();
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            copied = tokio::io::copy(&mut stdin, &mut input) => {
+                if let Err(e) = copied {
+                    tracing::debug!(error = %e, "stdin copy ended");
+                }
+                // Half-close: the daemon closes the container's stdin (StdinOnce).
+                let _ = input.shutdown().await;
+            }
+        }
+    }
+    // Keep the write half until the end, like the read half: after the
+    // half-close, so that the connection is not torn down.
+    stop.cancelled().await;
+}
+
+/// Forwards the catchable signals to container `id` (and, with a `tty`,
+/// window changes as resizes) on `tasks` until `stop` is cancelled.
+fn forward_signals(
+    tasks: &TaskTracker,
+    stop: &CancellationToken,
+    docker: &Docker,
+    id: &str,
+    tty: bool,
+) {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut tasks = Vec::new();
     for &(num, name) in FORWARDED {
         let Ok(mut stream) = signal(SignalKind::from_raw(num)) else {
             tracing::warn!(signal = name, "cannot install signal handler");
             continue;
         };
-        let (docker, id) = (docker.clone(), id.clone());
-        tasks.push(tokio::spawn(async move {
-            while stream.recv().await.is_some() {
+        let (docker, id, stop) = (docker.clone(), id.to_string(), stop.clone());
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    got = stream.recv() => if got.is_none() { return },
+                }
                 let opts = KillContainerOptionsBuilder::new().signal(name).build();
                 if let Err(e) = docker.kill_container(&id, Some(opts)).await {
                     tracing::warn!(signal = name, id, error = %message(&e), "failed to forward signal");
                 }
             }
-        }));
+        });
     }
     if tty {
         if let Ok(mut stream) = signal(SignalKind::window_change()) {
-            let (docker, id) = (docker.clone(), id.clone());
-            tasks.push(tokio::spawn(async move {
-                while stream.recv().await.is_some() {
+            let (docker, id, stop) = (docker.clone(), id.to_string(), stop.clone());
+            tasks.spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        got = stream.recv() => if got.is_none() { return },
+                    }
                     resize(&docker, &id).await;
                 }
-            }));
+            });
         }
     }
-    tokio::spawn(async move {
-        struct AbortAll(Vec<tokio::task::JoinHandle<()>>);
-        impl Drop for AbortAll {
-            fn drop(&mut self) {
-                self.0.iter().for_each(|t| t.abort());
-            }
-        }
-        let _guard = AbortAll(tasks);
-        std::future::pending::<()>().await;
-    })
 }
 
 /// Sets the container's TTY size to our terminal's.

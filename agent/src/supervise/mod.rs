@@ -8,6 +8,7 @@
 //! created) and received synchronously by that same thread.
 
 pub mod backoff;
+pub mod exitwatch;
 pub mod reaper;
 pub mod stop;
 pub mod tree;

@@ -145,13 +145,20 @@ pub fn route_signals(sink: impl Fn(Signal) -> bool + Send + 'static) {
     *lock(&reaper().signals) = Some(Box::new(sink));
 }
 
+/// The safety net of the signal wait: after this long it reaps anyway. In
+/// the binary every thread blocks the handled signals (`main` blocks them
+/// before any thread starts), so a SIGCHLD stays pending until this thread
+/// takes it and none is lost; the net can be long, and an idle agent rarely
+/// wakes. A unit-test process has threads that do not block SIGCHLD, where
+/// one can be discarded, so the net is short there.
+const SIGNAL_WAIT_S: libc::time_t = if cfg!(test) { 1 } else { 30 };
+
 fn signal_loop() {
     let set = handled_set();
     let raw: libc::sigset_t = *set.as_ref();
     loop {
-        // A 1 s timeout reaps even if a SIGCHLD was coalesced or missed.
         let ts = libc::timespec {
-            tv_sec: 1,
+            tv_sec: SIGNAL_WAIT_S,
             tv_nsec: 0,
         };
         // SAFETY: valid pointers to a sigset and a timespec on our stack.

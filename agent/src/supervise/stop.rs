@@ -5,6 +5,7 @@
 //! instead of letting the signal wait in a queue.
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 type Waker = Box<dyn FnOnce() + Send>;
 
@@ -15,7 +16,8 @@ pub struct Stopped;
 
 #[derive(Default)]
 struct State {
-    requested: bool,
+    /// When the first request came.
+    requested: Option<Instant>,
     wakers: Vec<Waker>,
 }
 
@@ -46,10 +48,10 @@ impl Stop {
     pub fn request(&self) {
         let wakers = {
             let mut s = self.state();
-            if s.requested {
+            if s.requested.is_some() {
                 return;
             }
-            s.requested = true;
+            s.requested = Some(Instant::now());
             std::mem::take(&mut s.wakers)
         };
         for w in wakers {
@@ -59,6 +61,12 @@ impl Stop {
 
     /// Returns true if and only if a stop was requested.
     pub fn is_requested(&self) -> bool {
+        self.state().requested.is_some()
+    }
+
+    /// Returns when the stop was first requested, if it was (the stop
+    /// budget counts from there, not from when the request was handled).
+    pub fn requested_at(&self) -> Option<Instant> {
         self.state().requested
     }
 
@@ -66,7 +74,7 @@ impl Stop {
     /// `wake` must not block: it typically sends on a channel.
     pub fn on_request(&self, wake: impl FnOnce() + Send + 'static) {
         let mut s = self.state();
-        if s.requested {
+        if s.requested.is_some() {
             drop(s);
             wake();
         } else {
@@ -87,10 +95,17 @@ mod tests {
         let early = tx.clone();
         stop.on_request(move || early.send("early").unwrap());
         assert!(!stop.is_requested());
+        assert_eq!(stop.requested_at(), None);
         assert!(rx.try_recv().is_err());
         stop.clone().request();
+        let first = stop.requested_at().unwrap();
         stop.request();
         assert!(stop.is_requested());
+        assert_eq!(
+            stop.requested_at(),
+            Some(first),
+            "a later request keeps the first time"
+        );
         let late = tx.clone();
         stop.on_request(move || late.send("late").unwrap());
         drop(tx);

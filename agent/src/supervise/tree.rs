@@ -138,6 +138,14 @@ impl RayWatch {
         None
     }
 
+    /// Returns every watched daemon with its pid, once all were seen.
+    pub fn all_seen(&self) -> Option<Vec<(&'static str, u32)>> {
+        self.names
+            .iter()
+            .map(|&n| self.seen.get(n).map(|&pid| (n, pid)))
+            .collect()
+    }
+
     /// Returns the pid of a watched daemon once seen.
     pub fn pid_of(&self, name: &str) -> Option<u32> {
         self.seen.get(name).copied()

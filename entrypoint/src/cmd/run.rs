@@ -42,7 +42,11 @@ pub fn run(flags: &Flags) -> Outcome {
         path: cfg.state_dir.clone(),
         source,
     })?;
-    let mut node = Node::new(cfg.clone(), ip, source);
+    // One stop handle for the whole run: SIGTERM/SIGINT during preflight or
+    // the hook stop them at once (their process groups are killed); later,
+    // the node and its threads see the same request.
+    let stop = Stop::new();
+    let mut node = Node::new(cfg.clone(), ip, source, stop.clone());
     // The shim (started by the raylet) finds this node's owner id under the
     // same state folder as the agent's janitor, however it was given.
     node.add_ray_env(vec![(
@@ -57,10 +61,7 @@ pub fn run(flags: &Flags) -> Outcome {
             .filter_map(|s| Some((s.name.to_string(), s.value.clone()?)))
             .collect(),
     );
-    // SIGTERM/SIGINT during preflight or the hook stop them at once (their
-    // process groups are killed); every signal also waits in the node's
-    // queue, so one that comes later still reaches the node.
-    let stop = Stop::new();
+    // Every signal also waits in the node's queue (forwarded to Ray).
     let events = node.events();
     let on_signal = stop.clone();
     argus::supervise::reaper::route_signals(move |sig| {
