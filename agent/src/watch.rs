@@ -9,6 +9,7 @@
 //! on each of the N workers' reads (N² events per poll period).
 
 use std::ffi::OsString;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
 use inotify::{Inotify, WatchMask};
@@ -57,70 +58,82 @@ fn mask() -> WatchMask {
         | WatchMask::DELETE
 }
 
-/// The event thread needs little: a read buffer and a callback.
-const THREAD_STACK: usize = 64 * 1024;
-
-/// A watch on the folder of one file; `on_change` runs on the watch's own
-/// thread for every event naming the file. The thread ends at the first
-/// event after `on_change` returns false.
-pub struct FileWatch {
-    _thread: std::thread::JoinHandle<()>,
+/// A watch on the folder of one file, read without a thread of its own:
+/// the worker's record reader polls [`DirWatch`]'s descriptor together
+/// with its poll deadline (`node/reader.rs`), so a change wakes one thread,
+/// which reads the record at once.
+pub struct DirWatch {
+    ino: Inotify,
+    name: Option<OsString>,
 }
 
-impl FileWatch {
+impl DirWatch {
     /// Starts watching `file`'s folder.
-    pub fn start<F>(file: &Path, mut on_change: F) -> Result<Self, WatchError>
-    where
-        F: FnMut() -> bool + Send + 'static,
-    {
+    pub fn start(file: &Path) -> Result<Self, WatchError> {
         let dir = match file.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let name: Option<OsString> = file.file_name().map(|n| n.to_os_string());
-        let mut ino = Inotify::init().map_err(WatchError::Init)?;
+        let name = file.file_name().map(|n| n.to_os_string());
+        let ino = Inotify::init().map_err(WatchError::Init)?;
         ino.watches()
             .add(&dir, mask())
             .map_err(|source| WatchError::Add { dir, source })?;
-        let thread = std::thread::Builder::new()
-            .name("file-events".into())
-            .stack_size(THREAD_STACK)
-            .spawn(move || {
-                let mut buf = [0u8; 4096];
-                loop {
-                    let Ok(events) = ino.read_events_blocking(&mut buf) else {
-                        return;
-                    };
-                    let ours = events
-                        .into_iter()
-                        .any(|e| e.name.map(|n| n.to_os_string()) == name);
-                    if ours && !on_change() {
-                        return;
-                    }
-                }
-            })
-            .map_err(WatchError::Thread)?;
-        Ok(Self { _thread: thread })
+        Ok(Self { ino, name })
+    }
+
+    /// Reads every queued event without blocking; returns true if and
+    /// only if one named the file.
+    pub fn drain(&mut self) -> bool {
+        let mut buf = [0u8; 4096];
+        let mut ours = false;
+        while let Ok(events) = self.ino.read_events(&mut buf) {
+            let mut any = false;
+            for e in events {
+                any = true;
+                ours |= e.name.is_some_and(|n| Some(n) == self.name.as_deref());
+            }
+            if !any {
+                break;
+            }
+        }
+        ours
+    }
+}
+
+impl AsFd for DirWatch {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.ino.as_fd()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::mpsc;
-    use std::time::Duration;
+
+    /// Waits up to `secs` for the watch's descriptor to become readable.
+    fn readable(w: &DirWatch, secs: u16) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags};
+        let mut fds = [PollFd::new(w.as_fd(), PollFlags::POLLIN)];
+        poll(&mut fds, secs * 1000).unwrap() == 1
+    }
 
     #[test]
-    fn a_rename_onto_the_file_is_seen() {
+    fn a_rename_onto_the_file_is_seen_and_other_names_are_not() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("head.json");
         std::fs::write(&file, "1").unwrap();
-        let (tx, rx) = mpsc::channel();
-        let _w = FileWatch::start(&file, move || tx.send(()).is_ok()).unwrap();
+        let mut w = DirWatch::start(&file).unwrap();
+        assert!(!w.drain(), "nothing queued yet");
+        std::fs::write(dir.path().join("other.json"), "x").unwrap();
+        assert!(readable(&w, 10));
+        assert!(!w.drain(), "another file's change is not ours");
         let tmp = dir.path().join(".head.json.tmp");
         std::fs::write(&tmp, "2").unwrap();
         std::fs::rename(&tmp, &file).unwrap();
-        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(readable(&w, 10));
+        assert!(w.drain(), "the rename onto the record is");
+        assert!(!readable(&w, 0), "drained");
     }
 
     #[test]
@@ -160,7 +173,7 @@ mod tests {
     fn a_missing_folder_is_a_typed_error() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("nope").join("head.json");
-        let err = FileWatch::start(&file, || true).err().unwrap();
+        let err = DirWatch::start(&file).err().unwrap();
         assert!(matches!(err, WatchError::Add { .. }), "{err}");
     }
 }

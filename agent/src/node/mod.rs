@@ -87,6 +87,8 @@ pub enum Event {
     /// A read of the head record by the worker's reader thread.
     Record(Box<ReadResult>),
     Probed(Probed),
+    /// What file events the worker's reader uses (set up once).
+    FileEvents(crate::watch::WatchState),
     /// A Ray daemon watched by pidfd exited (see `ray.rs`).
     DaemonExited {
         run: u64,
@@ -154,7 +156,6 @@ pub struct Node {
     record: Option<HeadRecord>,
     record_error: Option<String>,
     next_poll: Instant,
-    watcher: Option<crate::watch::FileWatch>,
     watch_state: crate::watch::WatchState,
     /// Worker: reads the record on its own thread.
     reader: Option<RecordReader>,
@@ -210,7 +211,6 @@ impl Node {
             record: None,
             record_error: None,
             next_poll: now,
-            watcher: None,
             watch_state: crate::watch::WatchState::Off,
             reader: None,
             role,
@@ -247,7 +247,7 @@ impl Node {
         self.janitor = Some(Janitor::start(&self.stop));
         if matches!(self.role, RoleState::Worker(_)) {
             let path = self.cfg.head_file.clone();
-            match RecordReader::start(path, self.cfg.poll, self.tx.clone()) {
+            match RecordReader::start(path, self.cfg.poll, self.cfg.file_events, self.tx.clone()) {
                 Ok(r) => self.reader = Some(r),
                 Err(e) => {
                     error!(error = %e, "cannot start the head record's reader thread");
@@ -295,6 +295,7 @@ impl Node {
             },
             Event::RayExited { run, exit } => self.on_ray_exit(run, exit),
             Event::Record(read) => self.on_record(*read),
+            Event::FileEvents(state) => self.on_file_events(state),
             Event::DaemonExited { run, name, pid } => self.on_daemon_exit(run, name, pid),
             Event::Probed(a) => {
                 self.prober.answered(a.purpose);

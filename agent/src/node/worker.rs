@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 
 use crate::status::NodeState;
 use crate::storage::StorageError;
-use crate::watch::{FileWatch, WatchState};
+use crate::watch::WatchState;
 
 use super::head::{self, Probe};
 use super::probe::{Probed, Purpose};
@@ -43,31 +43,17 @@ impl Node {
         }
     }
 
-    /// Watches the record's folder once it exists; on failure, polls alone
-    /// (logged once, status `file_events`).
-    pub(super) fn ensure_watch(&mut self) {
-        if self.watch_state != WatchState::Off || !self.cfg.file_events {
-            return;
-        }
-        if !self.cfg.head_file.parent().is_some_and(|d| d.is_dir()) {
-            return;
-        }
-        let Some(nudge) = self.reader.as_ref().map(RecordReader::nudger) else {
-            return;
-        };
-        // The reader reads at once (one read per burst of events).
-        let on_change = move || nudge.send(()).is_ok();
-        match FileWatch::start(&self.cfg.head_file, on_change) {
-            Ok(w) => {
-                debug!("watching for file events (a shortcut; polling is primary)");
-                self.watcher = Some(w);
-                self.watch_state = WatchState::Active;
+    /// Notes what file events the reader set up (status `file_events`).
+    pub(super) fn on_file_events(&mut self, state: WatchState) {
+        match &state {
+            WatchState::Active => {
+                debug!("watching for file events (a shortcut; polling is primary)")
             }
-            Err(e) => {
-                warn!(error = %e, "no file events; polling alone");
-                self.watch_state = WatchState::Degraded(e.to_string());
-            }
+            WatchState::Degraded(why) => warn!(error = %why, "no file events; polling alone"),
+            WatchState::Off => {}
         }
+        self.watch_state = state;
+        self.write_status();
     }
 
     /// Takes a read of the record (from the reader thread) and updates
@@ -75,8 +61,6 @@ impl Node {
     pub(super) fn on_record(&mut self, read: ReadResult) {
         let path = self.cfg.head_file.clone();
         self.storage_ok();
-        // Set up only while the storage answers: it stats the folder.
-        self.ensure_watch();
         let now = Instant::now();
         match read {
             Ok((rec, raw)) => {

@@ -11,13 +11,26 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 /// Watches a few processes; dropping it ends the watch.
 pub struct ExitWatch {
-    /// Closing it (drop) wakes the thread with POLLHUP on the read end.
-    _cancel: OwnedFd,
+    /// A byte written here (drop) wakes the thread.
+    cancel: OwnedFd,
+    /// Set on drop, before the wake: an exit the thread sees after it is
+    /// not reported. (The pipe alone is not enough: a child forked
+    /// elsewhere in the process holds the write end until it execs.)
+    cancelled: Arc<AtomicBool>,
+}
+
+impl Drop for ExitWatch {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+        let _ = nix::unistd::write(&self.cancel, b"x");
+    }
 }
 
 impl std::fmt::Debug for ExitWatch {
@@ -65,19 +78,24 @@ impl ExitWatch {
             }
             fds.push((name, pid, fd));
         }
-        let (cancelled, cancel) = nix::unistd::pipe().map_err(io::Error::from)?;
+        let (woken, cancel) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let flag = cancelled.clone();
         std::thread::Builder::new()
             .name("exit-watch".into())
             .spawn(move || {
-                if let Some((name, pid)) = wait_first(&fds, &cancelled) {
-                    on_exit(name, pid);
+                if let Some((name, pid)) = wait_first(&fds, &woken) {
+                    if !flag.load(Ordering::SeqCst) {
+                        on_exit(name, pid);
+                    }
                 }
             })?;
-        Ok(Self { _cancel: cancel })
+        Ok(Self { cancel, cancelled })
     }
 }
 
-/// Blocks until one of `fds` exits (returns it) or `cancelled` hangs up.
+/// Blocks until one of `fds` exits (returns it) or `cancelled` is readable.
 fn wait_first(
     fds: &[(&'static str, u32, OwnedFd)],
     cancelled: &OwnedFd,
