@@ -274,7 +274,7 @@ fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
     eprintln!("worker rejoined after its raylet was killed: {nodes:?}");
 
     // 2. SIGKILL the head's gcs_server: the head restarts Ray with a new
-    //    instance id, the worker is back in ray.nodes() within 10 s.
+    //    instance id, the worker rejoins it (back in ray.nodes()).
     let instance = sb.record().unwrap()["instance_id"].clone();
     let before: Vec<String> = nodes
         .iter()
@@ -321,16 +321,13 @@ fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
         )
     });
     let back = Duration::from_secs_f64((seen_wall - published_wall).max(0.0));
-    let _ = published;
     eprintln!("worker back in the new GCS {back:?} after the new head record: {nodes:?}");
-    assert!(
-        back < Duration::from_secs(10),
-        "worker took {back:?} to rejoin the restarted head\n--- head ---\n{}\n--- worker ---\n{}\n--- worker status ---\n{:?}\n--- worker threads ---\n{}",
-        head.log(),
-        worker.log(),
-        worker.status(),
-        worker.threads()
-    );
+    // No bound on `back` here: it is mostly Ray's own start-up (a raylet
+    // took 10-15 s on a loaded CI machine, the head's as well as the
+    // worker's) and figures come from scripts/bench-node.py. The agent's
+    // part, detection within a poll period plus the jitter, is bounded in
+    // tests/roles.rs with a stand-in Ray; here it must simply rejoin the
+    // new instance (checked below; the checker bounds the wait at 90 s).
     // And in ray.nodes() from a driver, once the head's raylet is up too.
     let (nodes, _) = both_alive(&head, &worker);
     eprintln!(
