@@ -8,8 +8,14 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 /// How often the running agent rewrites its status even without changes
-/// (a third of [`STALE_AFTER`]: two missed beats are still healthy).
+/// (a third of [`STALE_AFTER`]: two missed beats are still healthy). The
+/// rewrite rides on whatever wakes the agent once the status is this old
+/// (a worker's record reads come every poll period); the agent wakes for it
+/// alone only at [`HEARTBEAT_LATEST`].
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// The oldest the status gets before the agent wakes just to rewrite it.
+pub const HEARTBEAT_LATEST: Duration = Duration::from_secs(15);
 
 /// A status older than this means the agent is hung or gone.
 pub const STALE_AFTER: Duration = Duration::from_secs(30);

@@ -137,29 +137,38 @@ mod tests {
     }
 
     #[test]
-    fn one_publish_is_one_event_under_the_records_name() {
-        // Regression: the publisher closed its temp file after renaming it,
-        // so each publish raised MOVED_TO and CLOSE_WRITE under the
-        // record's name, and every watching worker read the record twice.
+    fn one_publish_is_one_event_in_the_watched_folder() {
+        // Regressions: the publisher closed its temp file after renaming
+        // it (MOVED_TO and CLOSE_WRITE under the record's name: two reads
+        // per publish), and wrote its temp file in the watched folder
+        // (create, close-after-write and move out of the temp file: three
+        // more wake-ups of every watcher per publish).
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("head.json");
+        // The first publish makes the staging folder (one event of its own).
+        argus_discovery::publish_watched(&file, b"{}").unwrap();
         let mut ino = Inotify::init().unwrap();
         ino.watches().add(dir.path(), mask()).unwrap();
-        argus_discovery::publish(&file, b"{}").unwrap();
+        argus_discovery::publish_watched(&file, b"{}").unwrap();
         std::fs::remove_file(&file).unwrap();
         let mut buf = [0u8; 4096];
-        let mut named = Vec::new();
+        let mut seen = Vec::new();
         'read: loop {
             for e in ino.read_events_blocking(&mut buf).unwrap() {
-                if e.name == Some(std::ffi::OsStr::new("head.json")) {
-                    if e.mask.contains(inotify::EventMask::DELETE) {
-                        break 'read;
-                    }
-                    named.push(e.mask);
+                let name = e.name.map(|n| n.to_string_lossy().into_owned());
+                if name.as_deref() == Some("head.json")
+                    && e.mask.contains(inotify::EventMask::DELETE)
+                {
+                    break 'read;
                 }
+                seen.push((name, e.mask));
             }
         }
-        assert_eq!(named, vec![inotify::EventMask::MOVED_TO], "{named:?}");
+        assert_eq!(
+            seen,
+            vec![(Some("head.json".to_string()), inotify::EventMask::MOVED_TO)],
+            "{seen:?}"
+        );
     }
 
     #[test]

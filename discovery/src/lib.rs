@@ -18,6 +18,6 @@ pub mod record;
 
 pub use claim::{claim_generation, highest_generation, ClaimError};
 pub use lease::Lease;
-pub use publish::{publish, publish_volatile, PublishError};
+pub use publish::{publish, publish_volatile, publish_watched, PublishError, STAGING_DIR};
 pub use read::{read_record, ReadError};
 pub use record::{HeadRecord, HeadState, RecordError, MAX_RECORD_BYTES, SCHEMA_VERSION};

@@ -32,7 +32,24 @@ pub enum PublishError {
 
 /// Atomically replaces `path` with `bytes`, creating the directory if needed.
 pub fn publish(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
-    replace(path, bytes, true)
+    replace(path, bytes, true, None)
+}
+
+/// The folder, next to a watched file, where [`publish_watched`] writes its
+/// temp files.
+pub const STAGING_DIR: &str = ".staging";
+
+/// Like [`publish`], for a file whose folder is watched for changes (the
+/// head record, which every worker watches with inotify): the temp file is
+/// written in a [`STAGING_DIR`] subfolder and renamed into place, so the
+/// watched folder sees one event per publish (the rename onto the file)
+/// instead of four (the temp file's create, close-after-write and move
+/// out, then the move in), each waking every watcher. Falls back to the
+/// same folder if the subfolder cannot be created.
+pub fn publish_watched(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
+    let staging = path.parent().map(|d| d.join(STAGING_DIR));
+    let staging = staging.filter(|s| std::fs::create_dir_all(s).is_ok());
+    replace(path, bytes, true, staging.as_deref())
 }
 
 /// Atomically replaces `path` with `bytes` without fsync: readers see the
@@ -40,10 +57,17 @@ pub fn publish(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
 /// state rewritten every few seconds (the status file on tmpfs), where an
 /// fsync is pure cost.
 pub fn publish_volatile(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
-    replace(path, bytes, false)
+    replace(path, bytes, false, None)
 }
 
-fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<(), PublishError> {
+/// Writes `bytes` to a temp file in `staging` (default: `path`'s folder, on
+/// the same file system) and renames it over `path`.
+fn replace(
+    path: &Path,
+    bytes: &[u8],
+    durable: bool,
+    staging: Option<&Path>,
+) -> Result<(), PublishError> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -58,14 +82,15 @@ fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<(), PublishError>
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let tmp_dir = staging.unwrap_or(dir);
     let write_err = |source| PublishError::Write {
-        dir: dir.to_path_buf(),
+        dir: tmp_dir.to_path_buf(),
         source,
     };
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .suffix(".tmp")
-        .tempfile_in(dir)
+        .tempfile_in(tmp_dir)
         .map_err(write_err)?;
     tmp.write_all(bytes).map_err(write_err)?;
     if durable {
@@ -125,6 +150,25 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("head.json")]);
+    }
+
+    #[test]
+    fn publish_watched_stages_in_a_subfolder_and_leaves_it_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("head.json");
+        publish_watched(&path, &sample().to_bytes()).unwrap();
+        publish_watched(&path, &sample().to_bytes()).unwrap();
+        assert_eq!(
+            HeadRecord::parse(&std::fs::read(&path).unwrap()).unwrap(),
+            sample()
+        );
+        let staging = dir.path().join(STAGING_DIR);
+        assert_eq!(std::fs::read_dir(&staging).unwrap().count(), 0);
+        // A folder where the subfolder cannot be made: same-folder temp.
+        std::fs::remove_dir(&staging).unwrap();
+        std::fs::write(&staging, b"not a folder").unwrap();
+        publish_watched(&path, b"{}").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
     }
 
     #[test]

@@ -602,7 +602,7 @@ impl Node {
             if higher > generation {
                 return Err(Fenced(higher));
             }
-            Ok(argus_discovery::publish(&path, &bytes))
+            Ok(argus_discovery::publish_watched(&path, &bytes))
         });
         let written = match written {
             Ok(w) => {

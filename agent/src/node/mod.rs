@@ -315,7 +315,9 @@ impl Node {
         let mut at = now + IDLE_WAKE;
         let mut by = |t: Instant| at = at.min(t);
         if let Some(t) = self.last_status {
-            by(t + status::HEARTBEAT);
+            // Not HEARTBEAT: an idle worker's record reads (every poll
+            // period) carry the rewrite, without a wake-up of its own.
+            by(t + status::HEARTBEAT_LATEST);
         }
         if let Some(r) = &self.ray {
             if r.scanned() {
