@@ -41,23 +41,29 @@ fn labelled(label: &str, owner: &str, pid: Option<u32>, rm: bool) -> String {
     stdout(&o).trim().to_string()
 }
 
-#[test]
-fn janitor_removes_dead_shims_containers_then_all_at_node_stop() {
-    let _serial = serial();
-    let label = unique("janitor");
-    // A running stand-in for the Ray container that owns them.
+/// Starts a running stand-in for a Ray container (labelled `label`, so the
+/// test can clean up) and returns its id: the owner of engine containers.
+fn stand_in_ray(label: &str) -> String {
     let o = docker(&[
         "run",
         "-d",
         "--label",
-        &label,
+        label,
         image(),
         "/bin/tool",
         "sleep",
         "120",
     ]);
     assert!(o.status.success(), "{}", show(&o));
-    let owner = stdout(&o).trim().to_string();
+    stdout(&o).trim().to_string()
+}
+
+#[test]
+fn janitor_removes_dead_shims_containers_then_all_at_node_stop() {
+    let _serial = serial();
+    let label = unique("janitor");
+    // A running stand-in for the Ray container that owns them.
+    let owner = stand_in_ray(&label);
     let sweep =
         |scope| sweep_owner_blocking("unix:///var/run/docker.sock", Some(&owner), scope).unwrap();
     // A pid that is certainly dead: a child that has exited and been reaped.
@@ -141,18 +147,7 @@ fn a_cancelled_sweep_begins_no_removal() {
     let label = unique("cancelled");
     // A running stand-in for the Ray container, so that no other test's
     // dead-shim sweep takes these containers for orphans.
-    let o = docker(&[
-        "run",
-        "-d",
-        "--label",
-        &label,
-        image(),
-        "/bin/tool",
-        "sleep",
-        "120",
-    ]);
-    assert!(o.status.success(), "{}", show(&o));
-    let owner = stdout(&o).trim().to_string();
+    let owner = stand_in_ray(&label);
     let doomed = [
         labelled(&label, &owner, None, false),
         labelled(&label, &owner, None, false),
@@ -304,18 +299,7 @@ fn host_nodes_sweep_only_their_own_containers() {
 fn a_stopped_ray_container_keeps_its_engines_until_it_is_removed() {
     let _serial = serial();
     let label = unique("stoppedray");
-    let o = docker(&[
-        "run",
-        "-d",
-        "--label",
-        &label,
-        image(),
-        "/bin/tool",
-        "sleep",
-        "120",
-    ]);
-    assert!(o.status.success(), "{}", show(&o));
-    let ray = stdout(&o).trim().to_string();
+    let ray = stand_in_ray(&label);
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead = child.id();
     child.wait().unwrap();

@@ -504,17 +504,14 @@ fn forward_signals(
 ) {
     use tokio::signal::unix::{signal, SignalKind};
     for &(num, name) in FORWARDED {
-        let Ok(mut stream) = signal(SignalKind::from_raw(num)) else {
+        let Ok(stream) = signal(SignalKind::from_raw(num)) else {
             tracing::warn!(signal = name, "cannot install signal handler");
             continue;
         };
-        let (docker, id, stop) = (docker.clone(), id.to_string(), stop.clone());
-        tasks.spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    got = stream.recv() => if got.is_none() { return },
-                }
+        let (docker, id) = (docker.clone(), id.to_string());
+        on_each_signal(tasks, stop, stream, move || {
+            let (docker, id) = (docker.clone(), id.clone());
+            async move {
                 let opts = KillContainerOptionsBuilder::new().signal(name).build();
                 if let Err(e) = docker.kill_container(&id, Some(opts)).await {
                     tracing::warn!(signal = name, id, error = %message(&e), "failed to forward signal");
@@ -523,19 +520,37 @@ fn forward_signals(
         });
     }
     if tty {
-        if let Ok(mut stream) = signal(SignalKind::window_change()) {
-            let (docker, id, stop) = (docker.clone(), id.to_string(), stop.clone());
-            tasks.spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        got = stream.recv() => if got.is_none() { return },
-                    }
-                    resize(&docker, &id).await;
-                }
+        if let Ok(stream) = signal(SignalKind::window_change()) {
+            let (docker, id) = (docker.clone(), id.to_string());
+            on_each_signal(tasks, stop, stream, move || {
+                let (docker, id) = (docker.clone(), id.clone());
+                async move { resize(&docker, &id).await }
             });
         }
     }
+}
+
+/// Runs `on()` on `tasks` for each signal `stream` delivers, until `stop`
+/// is cancelled.
+fn on_each_signal<F, Fut>(
+    tasks: &TaskTracker,
+    stop: &CancellationToken,
+    mut stream: tokio::signal::unix::Signal,
+    mut on: F,
+) where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let stop = stop.clone();
+    tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                got = stream.recv() => if got.is_none() { return },
+            }
+            on().await;
+        }
+    });
 }
 
 /// Sets the container's TTY size to our terminal's.
