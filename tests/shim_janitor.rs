@@ -41,6 +41,21 @@ fn labelled(label: &str, owner: &str, pid: Option<u32>, rm: bool) -> String {
     stdout(&o).trim().to_string()
 }
 
+/// A current-thread runtime and a connection to this machine's daemon,
+/// for the tests that call the shim's async Docker functions directly.
+fn runtime_and_docker() -> (tokio::runtime::Runtime, bollard::Docker) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let docker = rt
+        .block_on(argus::shim::docker::connect_to(
+            "unix:///var/run/docker.sock",
+        ))
+        .unwrap();
+    (rt, docker)
+}
+
 /// Starts a running stand-in for a Ray container (labelled `label`, so the
 /// test can clean up) and returns its id: the owner of engine containers.
 fn stand_in_ray(label: &str) -> String {
@@ -140,7 +155,6 @@ fn janitor_removes_containers_whose_ray_container_is_gone() {
 #[test]
 fn a_cancelled_sweep_begins_no_removal() {
     let _serial = serial();
-    use argus::shim::docker::connect_to;
     use argus::shim::janitor::sweep;
     use tokio_util::sync::CancellationToken;
 
@@ -152,13 +166,7 @@ fn a_cancelled_sweep_begins_no_removal() {
         labelled(&label, &owner, None, false),
         labelled(&label, &owner, None, false),
     ];
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let docker = rt
-        .block_on(connect_to("unix:///var/run/docker.sock"))
-        .unwrap();
+    let (rt, docker) = runtime_and_docker();
     let stop = CancellationToken::new();
     stop.cancel();
     let cancelled = rt.block_on(sweep(&docker, &owner, JanitorScope::AllOwned, &stop));
@@ -188,17 +196,11 @@ fn a_cancelled_sweep_begins_no_removal() {
 #[test]
 fn removing_a_container_that_is_being_removed_or_gone_is_success() {
     let _serial = serial();
-    use argus::shim::docker::{connect_to, is_removal_in_progress, remove};
+    use argus::shim::docker::{is_removal_in_progress, remove};
     use bollard::query_parameters::RemoveContainerOptionsBuilder;
 
     let label = unique("rmrace");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let docker = rt
-        .block_on(connect_to("unix:///var/run/docker.sock"))
-        .unwrap();
+    let (rt, docker) = runtime_and_docker();
     let force = || Some(RemoveContainerOptionsBuilder::new().force(true).build());
     // The race, made on purpose: four force-removes of one running container.
     let mut saw_in_progress = false;
