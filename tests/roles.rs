@@ -135,6 +135,48 @@ fn head_publishes_only_once_gcs_accepts_then_refreshes() {
     assert!(r3.seq > r2.seq);
 }
 
+/// A head killed between writing its temp file and the rename leaves the
+/// temp file on shared storage; the next head's first publish removes it
+/// (and leaves a fresh one, which may be a publish in flight).
+#[test]
+fn a_head_removes_the_temp_files_an_earlier_head_left_mid_publish() {
+    let sb = Sandbox::new();
+    let staging = sb
+        .head_file()
+        .parent()
+        .unwrap()
+        .join(argus_discovery::STAGING_DIR);
+    std::fs::create_dir_all(&staging).unwrap();
+    let old = staging.join(".head.json.k1LLed.tmp");
+    let fresh = staging.join(".head.json.n0wOn3.tmp");
+    for p in [&old, &fresh] {
+        std::fs::write(p, b"{\"schema_version\":").unwrap();
+    }
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(3600))
+        .unwrap();
+    let env = sb.env("h", "head");
+    let mut a = Agent::start(&sb, "h", &env);
+    a.wait_for("record", Duration::from_secs(10), |_| sb.record().is_some());
+    a.wait_for("old temp file removed", Duration::from_secs(10), |_| {
+        !old.exists()
+    });
+    assert!(fresh.exists(), "a fresh temp file was removed too");
+    assert!(
+        a.log().contains("removed temp files an earlier head left"),
+        "{}",
+        a.log()
+    );
+    a.signal(libc::SIGTERM);
+    assert_eq!(
+        a.wait_exit(Duration::from_secs(10)).unwrap().0.code(),
+        Some(0)
+    );
+}
+
 #[test]
 fn head_withdraws_at_once_when_ray_dies_and_republishes_a_new_instance() {
     let sb = Sandbox::new();

@@ -18,6 +18,9 @@ pub mod record;
 
 pub use claim::{claim_generation, highest_generation, ClaimError};
 pub use lease::Lease;
-pub use publish::{publish, publish_volatile, publish_watched, PublishError, STAGING_DIR};
+pub use publish::{
+    prune_stale_temps, publish, publish_volatile, publish_watched, PublishError, STAGING_DIR,
+    STALE_TEMP_AGE,
+};
 pub use read::{read_record, ReadError};
 pub use record::{HeadRecord, HeadState, RecordError, MAX_RECORD_BYTES, SCHEMA_VERSION};

@@ -1,9 +1,12 @@
-//! Atomic publish (R-HEAD-2): a uniquely named temp file in the same
-//! directory, fsync, rename over the target, fsync the directory. A reader
-//! sees the old bytes or the new bytes, never a mix.
+//! Atomic publish (R-HEAD-2): a uniquely named temp file on the same file
+//! system (the target's folder, or a staging subfolder of it), fsync, rename
+//! over the target, fsync the directory. A reader sees the old bytes or the
+//! new bytes, never a mix. A writer killed before the rename leaves its temp
+//! file behind; [`prune_stale_temps`] removes such leftovers.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// What failed while publishing, and where.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +53,59 @@ pub fn publish_watched(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
     let staging = path.parent().map(|d| d.join(STAGING_DIR));
     let staging = staging.filter(|s| std::fs::create_dir_all(s).is_ok());
     replace(path, bytes, true, staging.as_deref())
+}
+
+/// How much older than the record a temp file left in [`STAGING_DIR`] (or
+/// next to the record) must be before [`prune_stale_temps`] removes it. A
+/// publish holds its temp file for milliseconds; a head killed between
+/// writing it and the rename leaves it for good.
+pub const STALE_TEMP_AGE: Duration = Duration::from_secs(600);
+
+/// Removes the temp files that earlier publishes of `path` left behind (a
+/// head killed mid-publish), in [`STAGING_DIR`] and in `path`'s own folder:
+/// only files named as [`publish`] names them, and only those whose
+/// modification time is at least `older_than` before `path`'s own. Both
+/// times come from the file server's clock, so the nodes' clocks need not
+/// agree. Call it right after publishing `path`. Returns how many were
+/// removed.
+pub fn prune_stale_temps(path: &Path, older_than: Duration) -> std::io::Result<usize> {
+    let reference = std::fs::metadata(path)?.modified()?;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Ok(0);
+    };
+    let prefix = format!(".{}.", name.to_string_lossy());
+    let mut removed = 0;
+    for folder in [dir.join(STAGING_DIR), dir.to_path_buf()] {
+        let entries = match std::fs::read_dir(&folder) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            let file_name = entry.file_name();
+            let n = file_name.to_string_lossy();
+            if !(n.starts_with(&prefix) && n.ends_with(".tmp")) {
+                continue;
+            }
+            let Ok(meta) = entry.metadata() else { continue };
+            let stale = meta.is_file()
+                && meta
+                    .modified()
+                    .ok()
+                    .and_then(|m| reference.duration_since(m).ok())
+                    .is_some_and(|age| age >= older_than);
+            if stale {
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(removed)
 }
 
 /// Atomically replaces `path` with `bytes` without fsync: readers see the
@@ -169,6 +225,44 @@ mod tests {
         std::fs::write(&staging, b"not a folder").unwrap();
         publish_watched(&path, b"{}").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+    }
+
+    /// A head killed between writing its temp file and the rename leaves
+    /// the temp file; the next head's first publish removes it, and only
+    /// such leftovers: fresh temp files (a publish in flight) and other
+    /// files stay.
+    #[test]
+    fn prune_removes_only_old_leftover_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("head.json");
+        publish_watched(&path, &sample().to_bytes()).unwrap();
+        let staging = dir.path().join(STAGING_DIR);
+        let record_time = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let make = |p: &Path, age: Duration| {
+            std::fs::write(p, b"{").unwrap();
+            let f = std::fs::File::options().write(true).open(p).unwrap();
+            f.set_modified(record_time - age).unwrap();
+        };
+        let hour = Duration::from_secs(3600);
+        let old_staged = staging.join(".head.json.aB3xYz.tmp");
+        let old_beside = dir.path().join(".head.json.Qw9rT1.tmp");
+        let fresh = staging.join(".head.json.fresh1.tmp");
+        let other_file = staging.join(".other.json.aB3xYz.tmp");
+        let notes = dir.path().join("notes.txt");
+        make(&old_staged, hour);
+        make(&old_beside, hour);
+        make(&fresh, Duration::from_secs(1));
+        make(&other_file, hour);
+        make(&notes, hour);
+        std::fs::create_dir(staging.join(".head.json.dir.tmp")).unwrap();
+        assert_eq!(prune_stale_temps(&path, STALE_TEMP_AGE).unwrap(), 2);
+        assert!(!old_staged.exists() && !old_beside.exists());
+        assert!(fresh.exists() && other_file.exists() && notes.exists());
+        assert!(staging.join(".head.json.dir.tmp").is_dir());
+        assert!(HeadRecord::parse(&std::fs::read(&path).unwrap()).is_ok());
+        // Nothing left to remove; no record, nothing to compare with.
+        assert_eq!(prune_stale_temps(&path, STALE_TEMP_AGE).unwrap(), 0);
+        assert!(prune_stale_temps(&dir.path().join("none.json"), STALE_TEMP_AGE).is_err());
     }
 
     #[test]

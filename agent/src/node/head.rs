@@ -38,6 +38,9 @@ pub(super) struct HeadRole {
     pub(super) next_refresh: Option<Instant>,
     /// A record with our generation was published and not yet withdrawn.
     pub(super) published: bool,
+    /// The temp files earlier heads left were looked for (once per run,
+    /// after the first publish).
+    pub(super) pruned: bool,
     /// Standby: what probes of the holder's GCS found so far.
     pub(super) probes: Probes,
     /// Standby: the last record read that parsed, to judge its holder when
@@ -45,6 +48,21 @@ pub(super) struct HeadRole {
     pub(super) last_good: Option<HeadRecord>,
     /// The rule that decided the last standby or claim (status, logs).
     pub(super) rule: Option<String>,
+}
+
+/// Removes the temp files an earlier head killed mid-publish left next to
+/// `path` (see [`argus_discovery::prune_stale_temps`]); a failure is only
+/// logged: the record itself was written.
+fn prune_stale_temps(path: &std::path::Path) {
+    match argus_discovery::prune_stale_temps(path, argus_discovery::STALE_TEMP_AGE) {
+        Ok(0) => {}
+        Ok(removed) => info!(
+            removed,
+            path = %path.display(),
+            "removed temp files an earlier head left mid-publish"
+        ),
+        Err(e) => warn!(error = %e, path = %path.display(), "cannot prune old temp files"),
+    }
 }
 
 /// A higher generation than ours exists: a newer head holds the record.
@@ -593,6 +611,7 @@ impl Node {
             gcs_ft,
         };
         h.next_refresh = Some(Instant::now() + refresh);
+        let prune = !h.pruned;
         let bytes = rec.to_bytes();
         let written = self.storage.run("publish head record", bound, move || {
             let dir = epochs_dir(&path);
@@ -602,7 +621,11 @@ impl Node {
             if higher > generation {
                 return Err(Fenced(higher));
             }
-            Ok(argus_discovery::publish_watched(&path, &bytes))
+            let written = argus_discovery::publish_watched(&path, &bytes);
+            if prune && written.is_ok() {
+                prune_stale_temps(&path);
+            }
+            Ok(written)
         });
         let written = match written {
             Ok(w) => {
@@ -617,6 +640,7 @@ impl Node {
         let h = self.head();
         match written {
             Ok(()) => {
+                h.pruned = true;
                 h.published = state == HeadState::Running;
                 debug!(seq = rec.seq, ?state, "published head record");
                 if state == HeadState::Stopped {
