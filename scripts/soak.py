@@ -397,9 +397,7 @@ class Soak:
             self.dump()
             return 1
         self.sample_rss()
-        kinds = sorted(FAULTS)
-        for i in range(1, self.o.faults + 1):
-            kind = self.rng.choice(kinds)
+        for i, kind in enumerate(fault_plan(self.rng, self.o.faults, self.o.each_kind), start=1):
             bound = self.o.bound.get(kind, FAULTS[kind])
             before = c.node_ids()
             t0 = time.monotonic()
@@ -481,11 +479,15 @@ def parse():
     p.add_argument("--janitor-bound-s", type=int, default=30, help="time for ownerless engines to go (30)")
     p.add_argument("--procs-bound-s", type=int, default=20, help="time for zombies/orphans to go (20)")
     p.add_argument("--rss-growth-kib", type=int, default=16384, help="allowed agent RSS growth per node (16384)")
+    p.add_argument("--each-kind", action="store_true",
+                   help="draw every fault kind at least once (needs --faults >= the number of kinds)")
     p.add_argument("--stop-on-failure", action="store_true")
     p.add_argument("--dashboard-port", type=int, default=0, help="host port (default: a free one)")
     o = p.parse_args()
     if o.faults < 1:
         p.error("--faults must be at least 1")
+    if o.each_kind and o.faults < len(FAULTS):
+        p.error(f"--each-kind needs --faults >= {len(FAULTS)} (one per kind: {', '.join(sorted(FAULTS))})")
     bounds = {}
     for b in o.bound:
         k, _, v = b.partition("=")
@@ -502,6 +504,21 @@ def parse():
         o.dashboard_port = s.getsockname()[1]
         s.close()
     return o
+
+
+def fault_plan(rng, n, each_kind):
+    """Yields the kinds of the n faults, drawn with rng. Without each_kind,
+    one draw per fault as it comes (so a seed gives the same soak as before
+    the option existed); with it, every kind of FAULTS comes up at least once
+    (n >= len(FAULTS)), in a seeded order drawn up front."""
+    kinds = sorted(FAULTS)
+    if not each_kind:
+        for _ in range(n):
+            yield rng.choice(kinds)
+        return
+    plan = kinds + [rng.choice(kinds) for _ in range(n - len(kinds))]
+    rng.shuffle(plan)
+    yield from plan
 
 
 def main():
