@@ -392,6 +392,14 @@ fn each_policy_refusal_is_one_line_125_and_creates_nothing() {
         (vec!["-v", "/sys:/x"], "no-sys-bind"),
         (vec!["-v", "/var/lib/docker:/x"], "no-docker-data-bind"),
         (vec!["-e", "ARGUS_SHIM_POLICY=relaxed"], "no-job-policy"),
+        // A local volume with driver options is a bind of any host path.
+        (
+            vec![
+                "--mount",
+                "type=volume,src=argus-escape,dst=/x,volume-opt=type=none,volume-opt=o=bind,volume-opt=device=/etc",
+            ],
+            "volume-opt",
+        ),
     ];
     for (flags, rule) in &cases {
         let mut args = vec!["run", "--rm", "--label", &label];

@@ -24,6 +24,14 @@ pub enum ArgsError {
     MissingArgument(String),
     #[error("podman-only value {value:?} of {flag} has no Docker equivalent")]
     Unsupported { flag: String, value: String },
+    #[error("unknown option {option:?} of {flag}")]
+    UnknownOption { flag: String, option: String },
+    #[error("option {option:?} of {flag} is not supported by the shim: {why}")]
+    NotSupported {
+        flag: String,
+        option: String,
+        why: &'static str,
+    },
 }
 
 /// Whether and when `run` pulls the image.
@@ -1054,7 +1062,37 @@ pub fn parse_mount(spec: &str) -> Result<Mount, ArgsError> {
             ("relabel", Some(_)) | ("z" | "Z", None) | ("consistency", Some(_)) => {}
             ("tmpfs-size", Some(v)) => tmpfs.push(format!("size={v}")),
             ("tmpfs-mode", Some(v)) => tmpfs.push(format!("mode={v}")),
-            _ => return Err(unsupported(k)),
+            ("volume-driver" | "volume-opt" | "volume-label" | "volume-subpath", _) => {
+                return Err(ArgsError::NotSupported {
+                    flag: "--mount".into(),
+                    option: k.into(),
+                    why: "a volume's driver and options are set when it is created (they can mount any host path); name an existing volume with source=",
+                })
+            }
+            ("bind-recursive" | "bind-nonrecursive" | "bind-create-mountpoint", _) => {
+                return Err(ArgsError::NotSupported {
+                    flag: "--mount".into(),
+                    option: k.into(),
+                    why: "binds are recursive and their source must exist",
+                })
+            }
+            (
+                "U" | "idmap" | "chown" | "copy" | "nocopy" | "tmpcopyup" | "notmpcopyup"
+                | "tmpfs-options",
+                _,
+            ) => return Err(unsupported(k)),
+            (
+                "type" | "source" | "src" | "target" | "dst" | "destination" | "bind-propagation"
+                | "relabel" | "consistency" | "tmpfs-size" | "tmpfs-mode" | "readonly" | "ro"
+                | "volume-nocopy",
+                _,
+            ) => return Err(bad()),
+            _ => {
+                return Err(ArgsError::UnknownOption {
+                    flag: "--mount".into(),
+                    option: k.into(),
+                })
+            }
         }
     }
     let target = target.filter(|t| t.starts_with('/')).ok_or_else(bad)?;
@@ -1312,6 +1350,47 @@ pub(crate) mod tests {
             parse(&s(&["frob"])),
             Err(ArgsError::UnknownCommand(_))
         ));
+    }
+
+    /// Each `--mount` option the shim does not take is refused naming it,
+    /// and says why: unknown, podman-only, or Docker's but not the shim's
+    /// (volume driver options can mount any host path).
+    #[test]
+    fn mount_options_the_shim_does_not_take_are_named() {
+        let m = |spec: &str| parse_mount(spec);
+        assert_eq!(
+            m("type=bind,src=/a,dst=/b,sorce=/c"),
+            Err(ArgsError::UnknownOption {
+                flag: "--mount".into(),
+                option: "sorce".into()
+            })
+        );
+        assert!(matches!(
+            m("type=volume,src=v,dst=/x,volume-opt=device=/etc"),
+            Err(ArgsError::NotSupported { option, .. }) if option == "volume-opt"
+        ));
+        assert!(matches!(
+            m("type=volume,src=v,dst=/x,volume-driver=local"),
+            Err(ArgsError::NotSupported { option, .. }) if option == "volume-driver"
+        ));
+        assert!(matches!(
+            m("type=bind,src=/a,dst=/b,U"),
+            Err(ArgsError::Unsupported { value, .. }) if value == "U"
+        ));
+        assert!(matches!(
+            m("type=bind,src=/a,dst=/b,readonly=maybe"),
+            Err(ArgsError::BadValue { .. })
+        ));
+        let e = m("type=volume,src=v,dst=/x,volume-opt=o=bind").unwrap_err();
+        assert!(e.to_string().contains("volume-opt"), "{e}");
+        assert_eq!(
+            m("type=bind,source=/a,target=/b,readonly,bind-propagation=rprivate"),
+            Ok(Mount::Volume(Volume {
+                source: "/a".into(),
+                target: "/b".into(),
+                options: vec!["ro".into(), "rprivate".into()],
+            }))
+        );
     }
 
     #[test]
