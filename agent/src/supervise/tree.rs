@@ -36,7 +36,17 @@ impl Default for ProcTree {
 
 impl ProcTree {
     /// Creates an empty snapshot; call [`ProcTree::refresh`] before use.
+    ///
+    /// sysinfo by default keeps each process's `/proc/<pid>/stat` open
+    /// between refreshes (up to half the fd limit: hundreds of files in a
+    /// Ray node, for the agent's whole life); the tree is scanned only
+    /// until the daemons are watched by pidfd, and at sweeps, so the files
+    /// are opened per scan instead.
     pub fn new() -> Self {
+        static NO_CACHED_FILES: std::sync::Once = std::sync::Once::new();
+        NO_CACHED_FILES.call_once(|| {
+            sysinfo::set_open_files_limit(0);
+        });
         Self { sys: System::new() }
     }
 
