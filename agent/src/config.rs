@@ -273,7 +273,8 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_SHIM_ALLOWED_IMAGES", S, Kind::Text, Unset("(any)"), "comma-separated image patterns the shim may run"),
     var("ARGUS_SHIM_LOG", S, Kind::Text, Unset("warn"), "the shim's log filter"),
     var("ARGUS_SHIM_SELF_ID", S, Kind::Text, Unset("(found)"), "id of the Ray container when the shim cannot find it"),
-    var("ARGUS_SHIM_ALLOWED_BINDS", S, Kind::Text, Unset("(Ray temp dirs, shared root, model cache)"), "colon-separated host folders engine containers may bind"),
+    var("ARGUS_SHIM_ALLOWED_BINDS", S, Kind::Text, Unset("(Ray temp dirs, shared root, model cache)"), "colon-separated folders (paths in the Ray container) engine containers may bind"),
+    var("ARGUS_MODEL_CACHE", S, Kind::Text, Unset("(/tmp/argus-models)"), "model cache folder, mounted at the same path as on the host; in the default bind allow-list"),
     var("ARGUS_SHIM_ALLOWED_CAPS", S, Kind::Text, Unset("(none)"), "comma-separated capabilities `--cap-add` may add"),
     var("ARGUS_SHIM_OWNER", S, Kind::Text, Unset("(Ray container id, or host-<id> in ARGUS_STATE_DIR)"), "owner label of this node's engine containers"),
 ];
