@@ -269,12 +269,13 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_FILE_EVENTS", D, Kind::Bool, Value("on"), "use inotify besides polling"),
     var("ARGUS_GCS_FT_REDIS", N, Kind::Text, Unset("(off)"), "GCS fault tolerance: external Redis, host:port or redis://[[user]:password@]host:port"),
     var("ARGUS_GCS_FT_ZOMBIE_S", N, Kind::Seconds { min: 10.0 }, Value("300"), "with GCS FT: a worker cut off from the GCS this long rejoins; also Ray's GCS reconnect timeout"),
-    var("ARGUS_SHIM_POLICY", S, Kind::Text, Unset("(strict)"), "`relaxed` lifts every shim rule but the image allow-list"),
+    var("ARGUS_SHIM_POLICY", S, Kind::Text, Unset("default"), "`default` or `relaxed` (lifts every shim rule but the image allow-list)"),
     var("ARGUS_SHIM_ALLOWED_IMAGES", S, Kind::Text, Unset("(any)"), "comma-separated image patterns the shim may run"),
     var("ARGUS_SHIM_LOG", S, Kind::Text, Unset("warn"), "the shim's log filter"),
     var("ARGUS_SHIM_SELF_ID", S, Kind::Text, Unset("(found)"), "id of the Ray container when the shim cannot find it"),
     var("ARGUS_SHIM_ALLOWED_BINDS", S, Kind::Text, Unset("(Ray temp dirs, shared root, model cache)"), "colon-separated folders (paths in the Ray container) engine containers may bind"),
     var("ARGUS_MODEL_CACHE", S, Kind::Text, Unset("(/tmp/argus-models)"), "model cache folder, mounted at the same path as on the host; in the default bind allow-list"),
+    var("ARGUS_SHIM_ALLOWED_VOLUMES", S, Kind::Text, Unset("(the Ray container's own)"), "comma-separated named volumes engine containers may mount besides the Ray container's own (`prefix*` allowed)"),
     var("ARGUS_SHIM_ALLOWED_CAPS", S, Kind::Text, Unset("(none)"), "comma-separated capabilities `--cap-add` may add"),
     var("ARGUS_SHIM_OWNER", S, Kind::Text, Unset("(Ray container id, or host-<id> in ARGUS_STATE_DIR)"), "owner label of this node's engine containers"),
 ];
@@ -736,6 +737,13 @@ impl ShimConfig {
             if let Some(value) = r.text(v.name)? {
                 vars.insert(v.name, value);
             }
+        }
+        // The shim checks its settings the same way at every call; a value
+        // it would refuse fails the node's start instead of every engine.
+        if let Err(crate::shim::policy::PolicyError::Setting { name, value, why }) =
+            crate::shim::policy::Policy::from_env(|k| vars.get(k).cloned())
+        {
+            return Err(ConfigError::new(name, &value, why));
         }
         Ok(Self { vars })
     }

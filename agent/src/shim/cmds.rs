@@ -286,6 +286,11 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
             Ok(0)
         }
         Command::Pull { quiet, image } => {
+            // The allow-list holds for pulls too: a pulled image is one
+            // `--pull=never` away from running, and pulls cost the host disk.
+            if !Policy::from_env(|k| std::env::var(k).ok())?.image_allowed(&image) {
+                return Err(PolicyError::Image { image }.into());
+            }
             runner::pull(&docker, &image, quiet).await?;
             let i = docker
                 .inspect_image(&image)

@@ -24,8 +24,10 @@ pub mod janitor;
 pub mod labels;
 pub mod owner;
 pub mod policy;
+pub mod resolve;
 pub mod runner;
 pub mod selfid;
+pub mod settings;
 pub mod translate;
 pub mod watchdog;
 
@@ -75,6 +77,8 @@ pub enum ShimError {
     NoSuchContainer(String),
     #[error("failed to start the tokio runtime: {0}")]
     Runtime(std::io::Error),
+    #[error(transparent)]
+    Settings(#[from] settings::SettingsError),
 }
 
 impl ShimError {
@@ -98,6 +102,9 @@ pub fn run(args: Vec<OsString>) -> u8 {
         Ok(c) => c,
         Err(e) => return fail(&ShimError::from(e)),
     };
+    if let Err(e) = use_node_settings() {
+        return fail(&e);
+    }
     if let args::Command::Run(o) = &command {
         if !o.detach {
             watchdog::spawn();
@@ -125,6 +132,24 @@ pub fn run(args: Vec<OsString>) -> u8 {
     // Blocking stdin readers must not keep the process alive.
     rt.shutdown_timeout(std::time::Duration::from_millis(100));
     code
+}
+
+/// Makes the node's settings the ones in force (see [`settings`]): the
+/// caller's environment may hold a job's `env_vars`.
+fn use_node_settings() -> Result<(), ShimError> {
+    let file = match settings::locate() {
+        settings::Source::Agent { file, .. } | settings::Source::StateDir(file) => file,
+        settings::Source::Environment => return Ok(()),
+    };
+    let node = settings::NodeSettings::read(&file)?;
+    for name in settings::apply(&node) {
+        tracing::warn!(
+            variable = name,
+            file = %file.display(),
+            "the caller's value is ignored: the shim uses this node's settings"
+        );
+    }
+    Ok(())
 }
 
 fn fail(e: &ShimError) -> u8 {

@@ -13,20 +13,34 @@
 //!   `--security-opt` only `label=…`, `mask=…` and `no-new-privileges`,
 //!   `--userns` only `keep-id`, namespaces only `host` (the Ray container's)
 //!   or the default, or `container:` of a container this shim owns;
+//! - named volumes only the Ray container's own and those in
+//!   `ARGUS_SHIM_ALLOWED_VOLUMES`; anonymous volumes;
+//! - GPUs only the Ray container's (devices, CDI names and
+//!   `NVIDIA_VISIBLE_DEVICES`); networks only the Ray container's; memory,
+//!   CPUs, pids and cpuset at most the Ray container's, ulimits at most the
+//!   caller's; log drivers only the local ones; no restart policy; tmpfs
+//!   options that do not allow setuid files or devices;
 //! - images from `ARGUS_SHIM_ALLOWED_IMAGES` when it is set.
+//!
+//! Nothing reaches the create call that no row of the flag table allowed:
+//! the options are checked as given ([`Policy::check_run`]) and the create
+//! body as translated ([`Policy::check_body`]).
 //!
 //! `ARGUS_SHIM_POLICY=relaxed` lifts all but the image allow-list and the
 //! `no-job-policy` rule, with one log line per container. The settings are
-//! read from the shim's environment, which Ray's runtime_env `env_vars` also
-//! reach; a `run` that sets an `ARGUS_SHIM_*` variable is refused for that
-//! reason.
+//! the node's (see `super::settings`: a shim started under a node agent
+//! takes them from the agent, never from its own environment, which Ray's
+//! runtime_env `env_vars` reach); a `run` that sets an `ARGUS_SHIM_*`
+//! variable in the container is refused as well.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+
+use bollard::models::ContainerCreateBody;
 
 use super::args::{run_flag, Rule, RunOpts, Volume};
 use super::labels::LABEL_PREFIX;
-use super::selfid::{normalize, to_host, HostPath, SelfContainer};
+use super::selfid::{normalize, to_host, Gpus, HostPath, Limits, SelfContainer};
 use super::translate::Plan;
 
 /// A refusal, or a bad policy setting; the message names the rule.
@@ -51,6 +65,8 @@ pub enum PolicyError {
         value: String,
         rule: &'static str,
     },
+    #[error("policy: binding {spec} is refused (rule binds: {reason})")]
+    Unresolvable { spec: String, reason: String },
     #[error("policy: image {image} is not in ARGUS_SHIM_ALLOWED_IMAGES (rule allowed-images)")]
     Image { image: String },
     #[error("policy: a job may not set {name} (rule no-job-policy)")]
@@ -78,7 +94,94 @@ pub const CHECKED_RULES: &[&str] = &[
     "security-opt",
     "devices",
     "no-shim-labels",
+    "gpus",
+    "resources",
+    "ulimits",
+    "restart",
+    "log-driver",
+    "tmpfs",
 ];
+
+/// Log drivers that keep a container's output on this host.
+pub const LOCAL_LOG_DRIVERS: &[&str] = &["json-file", "local", "none"];
+
+/// `--log-opt` keys of the local drivers (none of them sends anything
+/// anywhere).
+pub const LOG_OPTS: &[&str] = &[
+    "max-size",
+    "max-file",
+    "compress",
+    "mode",
+    "max-buffer-size",
+    "labels",
+    "labels-regex",
+    "env",
+    "env-regex",
+    "tag",
+];
+
+/// `--tmpfs` options allowed (`suid` and `dev` would let files on the tmpfs
+/// carry privileges or be devices).
+pub const TMPFS_OPTS: &[&str] = &[
+    "size",
+    "mode",
+    "uid",
+    "gid",
+    "nr_inodes",
+    "exec",
+    "noexec",
+    "nosuid",
+    "nodev",
+    "ro",
+    "rw",
+    "noatime",
+    "nodiratime",
+    "relatime",
+    "strictatime",
+];
+
+/// `--ulimit` names, as Docker spells them, with their resource.
+pub const ULIMITS: &[(&str, libc::__rlimit_resource_t)] = &[
+    ("core", libc::RLIMIT_CORE),
+    ("cpu", libc::RLIMIT_CPU),
+    ("data", libc::RLIMIT_DATA),
+    ("fsize", libc::RLIMIT_FSIZE),
+    ("locks", libc::RLIMIT_LOCKS),
+    ("memlock", libc::RLIMIT_MEMLOCK),
+    ("msgqueue", libc::RLIMIT_MSGQUEUE),
+    ("nice", libc::RLIMIT_NICE),
+    ("nofile", libc::RLIMIT_NOFILE),
+    ("nproc", libc::RLIMIT_NPROC),
+    ("rss", libc::RLIMIT_RSS),
+    ("rtprio", libc::RLIMIT_RTPRIO),
+    ("rttime", libc::RLIMIT_RTTIME),
+    ("sigpending", libc::RLIMIT_SIGPENDING),
+    ("stack", libc::RLIMIT_STACK),
+    ("as", libc::RLIMIT_AS),
+];
+
+/// Returns the caller's hard limits by Docker's ulimit name (-1: unlimited).
+pub fn caller_ulimits() -> HashMap<String, i64> {
+    ULIMITS
+        .iter()
+        .filter_map(|&(name, res)| {
+            let mut r = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: getrlimit writes one rlimit into the pointed-to struct.
+            let ok = unsafe { libc::getrlimit(res, &mut r) } == 0;
+            ok.then(|| {
+                let hard = if r.rlim_max == libc::RLIM_INFINITY {
+                    -1
+                } else {
+                    i64::try_from(r.rlim_max).unwrap_or(-1)
+                };
+                (name.to_string(), hard)
+            })
+        })
+        .collect()
+}
 
 /// Bind sources allowed by default (paths in the Ray container): Ray's temp
 /// dir, the probe's temp folders (`TMPDIR`), the shared root and the model
@@ -111,11 +214,26 @@ pub struct Policy {
     pub docker_sockets: Vec<String>,
     /// `allowed_binds` resolved by [`Policy::resolve`].
     roots: Vec<Root>,
+    /// Named volumes `-v NAME:…` may name besides the Ray container's own
+    /// (an entry ending in `*` is a prefix).
+    pub allowed_volumes: Vec<String>,
     /// Host paths of the Ray container's devices.
     ray_devices: Vec<String>,
+    /// The Ray container's named volumes, networks, GPUs and limits (on
+    /// the host: none, none, all, none).
+    own_volumes: Vec<String>,
+    networks: Vec<String>,
+    gpus: Gpus,
+    limits: Limits,
     /// Container references (`container:X`, `--replace --name X`) this
     /// shim owns, as found at the edge.
     pub owned_refs: HashSet<String>,
+    /// `--device` paths that are character devices in the Ray container,
+    /// as found at the edge.
+    pub present_devices: HashSet<String>,
+    /// The caller's hard limits by ulimit name (-1: unlimited), as found at
+    /// the edge ([`caller_ulimits`]).
+    pub caller_ulimits: HashMap<String, i64>,
 }
 
 /// Returns a capability name as Docker compares it (`cap_sys_admin` ->
@@ -175,6 +293,14 @@ impl Policy {
                 l
             }
         };
+        let allowed_volumes = list("ARGUS_SHIM_ALLOWED_VOLUMES", ',').unwrap_or_default();
+        if let Some(bad) = allowed_volumes.iter().find(|v| v.contains('/')) {
+            return Err(PolicyError::Setting {
+                name: "ARGUS_SHIM_ALLOWED_VOLUMES",
+                value: bad.clone(),
+                why: "not a volume name (comma-separated names expected; paths go in ARGUS_SHIM_ALLOWED_BINDS)",
+            });
+        }
         let allowed_caps = list("ARGUS_SHIM_ALLOWED_CAPS", ',')
             .unwrap_or_default()
             .iter()
@@ -194,28 +320,53 @@ impl Policy {
             allowed_images,
             allowed_binds,
             allowed_caps,
+            allowed_volumes,
             docker_sockets,
             ..Default::default()
         })
     }
 
     /// Resolves the allowed bind roots: `canon` resolves symlinks and `..`
-    /// in the Ray container, [`to_host`] maps the result to the host. Also
-    /// notes the Ray container's devices.
-    pub fn resolve(&mut self, me: Option<&SelfContainer>, canon: impl Fn(&Path) -> PathBuf) {
+    /// in the Ray container (None: the root does not exist there, so it
+    /// allows nothing), [`to_host`] maps the result to the host. Also notes
+    /// what the Ray container has: devices, volumes, networks, GPUs, limits.
+    pub fn resolve(
+        &mut self,
+        me: Option<&SelfContainer>,
+        canon: impl Fn(&Path) -> Option<PathBuf>,
+    ) {
         self.roots = self
             .allowed_binds
             .iter()
-            .map(|p| {
-                let caller = canon(Path::new(p));
+            .filter_map(|p| {
+                let caller = canon(Path::new(p))?;
                 let host = match to_host(me, &caller) {
                     HostPath::At { path, .. } => Some(PathBuf::from(path)),
                     HostPath::NotVisible => None,
                 };
-                Root { caller, host }
+                Some(Root { caller, host })
             })
             .collect();
         self.ray_devices = me.map(|m| m.devices.clone()).unwrap_or_default();
+        self.own_volumes = me
+            .map(|m| m.mounts.iter().filter_map(|m| m.name.clone()).collect())
+            .unwrap_or_default();
+        self.networks = me.map(|m| m.networks.clone()).unwrap_or_default();
+        self.gpus = me.map(|m| m.gpus.clone()).unwrap_or(Gpus::All);
+        self.limits = me.map(|m| m.limits.clone()).unwrap_or_default();
+    }
+
+    /// Returns true if and only if the named volume `name` may be mounted:
+    /// one of the Ray container's own, or in `ARGUS_SHIM_ALLOWED_VOLUMES`.
+    pub fn volume_allowed(&self, name: &str) -> bool {
+        self.own_volumes.iter().any(|v| v == name)
+            || self
+                .allowed_volumes
+                .iter()
+                .any(|p| match p.strip_suffix('*') {
+                    Some(prefix) => name.starts_with(prefix),
+                    None => p == name,
+                })
     }
 
     /// Returns true if and only if `image` matches the allow-list (or there
@@ -262,8 +413,13 @@ impl Policy {
             rule,
         };
         for s in &o.security_opt {
-            let ok = s.starts_with("label=")
-                || s.starts_with("label:")
+            // SELinux: only the level (MCS category) and podman's file type
+            // may be chosen; `disable`, `type:spc_t`, `user:`, `role:` lift
+            // the confinement.
+            let label = s
+                .strip_prefix("label=")
+                .or_else(|| s.strip_prefix("label:"));
+            let ok = label.is_some_and(|l| l.starts_with("level:") || l.starts_with("filetype:"))
                 || s.starts_with("mask=")
                 || matches!(
                     s.as_str(),
@@ -298,7 +454,18 @@ impl Policy {
         }
         for v in &o.volumes {
             self.check_volume(v)?;
+            if !v.source.is_empty() && !v.is_path() && !self.volume_allowed(&v.source) {
+                return Err(PolicyError::Flag {
+                    flag: "--volume/--mount",
+                    value: format!(
+                        "{} (a named volume that is not this Ray container's; ARGUS_SHIM_ALLOWED_VOLUMES names others)",
+                        v.source
+                    ),
+                    rule: "binds",
+                });
+            }
         }
+        self.check_host_config_flags(o)?;
         for (caller, host, via_volume) in &plan.bind_sources {
             self.check_bind(caller, Some(host), *via_volume)?;
         }
@@ -308,13 +475,195 @@ impl Policy {
         Ok(())
     }
 
+    /// Checks the flags that go to the create body's host config as given:
+    /// log driver and options, ulimits, restart policy, tmpfs options.
+    fn check_host_config_flags(&self, o: &RunOpts) -> Result<(), PolicyError> {
+        let refuse = |flag, value: &str, rule| PolicyError::Flag {
+            flag,
+            value: value.to_string(),
+            rule,
+        };
+        if let Some(d) = o.log_driver.as_deref() {
+            if !LOCAL_LOG_DRIVERS.contains(&d) {
+                return Err(refuse("--log-driver", d, "log-driver"));
+            }
+        }
+        for opt in &o.log_opts {
+            let key = opt.split_once('=').map(|(k, _)| k).unwrap_or(opt);
+            if !LOG_OPTS.contains(&key) {
+                return Err(refuse("--log-opt", opt, "log-driver"));
+            }
+        }
+        for u in &o.ulimits {
+            if !self.ulimit_allowed(u) {
+                return Err(refuse("--ulimit", u, "ulimits"));
+            }
+        }
+        if let Some(r) = o.restart.as_deref() {
+            if r != "no" {
+                return Err(refuse("--restart", r, "restart"));
+            }
+        }
+        for t in &o.tmpfs {
+            let opts = t.split_once(':').map(|(_, o)| o).unwrap_or("");
+            let bad = opts.split(',').filter(|x| !x.is_empty()).find(|x| {
+                let key = x.split_once('=').map(|(k, _)| k).unwrap_or(x);
+                !TMPFS_OPTS.contains(&key)
+            });
+            if let Some(b) = bad {
+                return Err(refuse("--tmpfs", &format!("{t} ({b})"), "tmpfs"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns true if and only if `--ulimit u` (`name=soft[:hard]`) names
+    /// a known limit no higher than the caller's own hard limit.
+    fn ulimit_allowed(&self, u: &str) -> bool {
+        let Some((name, values)) = u.split_once('=') else {
+            return false;
+        };
+        let Some(&have) = self.caller_ulimits.get(name) else {
+            return false;
+        };
+        values.split(':').all(|v| {
+            let want = match v {
+                "-1" | "unlimited" => -1,
+                v => match v.parse::<i64>() {
+                    Ok(n) if n >= 0 => n,
+                    _ => return false,
+                },
+            };
+            have == -1 || (want != -1 && want <= have)
+        })
+    }
+
+    /// Checks the create body as translated: what the options mean once
+    /// mapped onto the Ray container's resources (GPUs, limits, network).
+    pub fn check_body(&self, body: &ContainerCreateBody) -> Result<(), PolicyError> {
+        if self.relaxed {
+            return Ok(());
+        }
+        let refuse = |flag, value: String, rule| PolicyError::Flag { flag, value, rule };
+        if let Gpus::List(have) = &self.gpus {
+            for e in body.env.iter().flatten() {
+                let Some(v) = e.strip_prefix("NVIDIA_VISIBLE_DEVICES=") else {
+                    continue;
+                };
+                let ok = matches!(v, "" | "void" | "none")
+                    || v.split(',').all(|id| have.iter().any(|h| h == id.trim()));
+                if !ok {
+                    return Err(refuse(
+                        "-e NVIDIA_VISIBLE_DEVICES",
+                        format!("{v} (this container's GPUs: {})", show_list(have)),
+                        "gpus",
+                    ));
+                }
+            }
+        }
+        let Some(hc) = &body.host_config else {
+            return Ok(());
+        };
+        if let Gpus::List(have) = &self.gpus {
+            for r in hc.device_requests.iter().flatten() {
+                for id in r.device_ids.iter().flatten() {
+                    let id = id.strip_prefix("nvidia.com/gpu=").unwrap_or(id);
+                    if !have.iter().any(|h| h == id) {
+                        return Err(refuse(
+                            "--gpus/--device",
+                            format!("{id} (this container's GPUs: {})", show_list(have)),
+                            "gpus",
+                        ));
+                    }
+                }
+                if r.device_ids.is_none() && r.count.is_some_and(|c| c < 0) {
+                    return Err(refuse("--gpus", "all".into(), "gpus"));
+                }
+            }
+        }
+        let l = &self.limits;
+        let over =
+            |want: Option<i64>, have: i64| have > 0 && want.is_none_or(|w| w <= 0 || w > have);
+        if over(hc.memory, l.memory) {
+            return Err(refuse(
+                "--memory",
+                format!(
+                    "{:?} (this container's limit: {} bytes)",
+                    hc.memory, l.memory
+                ),
+                "resources",
+            ));
+        }
+        if over(hc.shm_size, l.memory) && hc.shm_size.is_some() {
+            return Err(refuse(
+                "--shm-size",
+                format!(
+                    "{:?} (this container's memory: {} bytes)",
+                    hc.shm_size, l.memory
+                ),
+                "resources",
+            ));
+        }
+        if over(hc.nano_cpus, l.nano_cpus) {
+            return Err(refuse(
+                "--cpus",
+                format!(
+                    "{:?} (this container's limit: {} CPUs)",
+                    hc.nano_cpus.map(|n| n as f64 / 1e9),
+                    l.nano_cpus as f64 / 1e9
+                ),
+                "resources",
+            ));
+        }
+        if over(hc.pids_limit, l.pids) {
+            return Err(refuse(
+                "--pids-limit",
+                format!("{:?} (this container's limit: {})", hc.pids_limit, l.pids),
+                "resources",
+            ));
+        }
+        if !l.cpuset_cpus.is_empty() {
+            let want = hc.cpuset_cpus.as_deref().unwrap_or("");
+            let inside = match (cpuset(want), cpuset(&l.cpuset_cpus)) {
+                (Some(w), Some(h)) => !w.is_empty() && w.is_subset(&h),
+                _ => false,
+            };
+            if !inside {
+                return Err(refuse(
+                    "--cpuset-cpus",
+                    format!("{want:?} (this container's: {})", l.cpuset_cpus),
+                    "resources",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn check_namespaces(&self, o: &RunOpts) -> Result<(), PolicyError> {
-        let flags: [(&'static str, Option<&str>, &[&str]); 5] = [
-            (
-                "--network",
-                o.network.as_deref(),
-                &["host", "bridge", "private", "slirp4netns", "pasta", "none"],
-            ),
+        // A network of its own is one the Ray container is attached to
+        // (podman's private network kinds are Docker's bridge).
+        if let Some(n) = o.network.as_deref() {
+            let name = match n {
+                "private" | "slirp4netns" | "pasta" => "bridge",
+                n => n,
+            };
+            let ok = matches!(name, "host" | "none")
+                || name
+                    .strip_prefix("container:")
+                    .is_some_and(|c| self.owned_refs.contains(c))
+                || self.networks.iter().any(|m| m == name);
+            if !ok {
+                return Err(PolicyError::Flag {
+                    flag: "--network",
+                    value: format!(
+                        "{n} (this container's networks: {})",
+                        show_list(&self.networks)
+                    ),
+                    rule: "namespaces",
+                });
+            }
+        }
+        let flags: [(&'static str, Option<&str>, &[&str]); 4] = [
             ("--pid", o.pid.as_deref(), &["host", "private", ""]),
             (
                 "--ipc",
@@ -340,11 +689,17 @@ impl Policy {
         Ok(())
     }
 
-    /// Returns true if and only if `--device d` may be given.
+    /// Returns true if and only if `--device d` may be given: a device the
+    /// Ray container was given, or an NVIDIA or DRI device node present in
+    /// it (the GPUs it has); CDI names only of its GPUs.
     fn device_allowed(&self, d: &str) -> bool {
         if d.contains('=') && !d.starts_with('/') {
-            // CDI: only NVIDIA's GPUs.
-            return d.starts_with("nvidia.com/gpu=");
+            // CDI: only NVIDIA's GPUs, and only the Ray container's.
+            return match (d.strip_prefix("nvidia.com/gpu="), &self.gpus) {
+                (Some(_), Gpus::All) => true,
+                (Some(id), Gpus::List(l)) => l.iter().any(|h| h == id),
+                (None, _) => false,
+            };
         }
         let host = d.split(':').next().unwrap_or("");
         if !host.starts_with('/') || host.split('/').any(|c| c == ".." || c == ".") {
@@ -352,10 +707,11 @@ impl Policy {
         }
         let p = normalize(Path::new(host));
         let name = p.strip_prefix("/dev").ok().and_then(|r| r.to_str());
-        let nvidia = name.is_some_and(|n| {
+        let gpu_node = name.is_some_and(|n| {
             n.starts_with("nvidia") || (n.starts_with("dri/") && n.len() > "dri/".len())
         });
-        nvidia || self.ray_devices.iter().any(|r| Path::new(r) == p)
+        (gpu_node && self.present_devices.contains(host))
+            || self.ray_devices.iter().any(|r| Path::new(r) == p)
     }
 
     /// Refuses mount propagation out of the container (a mount made in the
@@ -446,6 +802,35 @@ impl Policy {
         }
         None
     }
+}
+
+/// Returns `l` comma-separated, or `none`.
+fn show_list(l: &[String]) -> String {
+    if l.is_empty() {
+        "none".into()
+    } else {
+        l.join(",")
+    }
+}
+
+/// Parses a cpuset list (`0-3,6`) into its CPUs; None when malformed or
+/// larger than 4,096 CPUs.
+pub fn cpuset(s: &str) -> Option<std::collections::BTreeSet<u32>> {
+    let mut out = std::collections::BTreeSet::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<u32>().ok()?, b.parse::<u32>().ok()?),
+            None => {
+                let a = part.parse::<u32>().ok()?;
+                (a, a)
+            }
+        };
+        if a > b || b >= 4096 {
+            return None;
+        }
+        out.extend(a..=b);
+    }
+    Some(out)
 }
 
 /// A parsed image reference, normalised the way Docker does:
@@ -602,18 +987,32 @@ mod tests {
     use crate::shim::args::{parse, Command};
     use crate::shim::translate::{translate, Context};
 
+    /// Resolves a path the way these tests' imaginary Ray container does:
+    /// lexically (nothing in it is a symlink). The real resolution is
+    /// `shim::resolve`, tested there and against the daemon.
+    fn lexical(p: &Path) -> Option<PathBuf> {
+        Some(normalize(&Path::new("/").join(p)))
+    }
+
     fn check(policy: &Policy, argv: &[&str]) -> Result<(), PolicyError> {
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
         let Command::Run(o) = parse(&argv).unwrap() else {
             panic!()
         };
-        let plan = translate(&o, &Context::default()).unwrap();
-        policy.check_run(&o, &plan)
+        let mut ctx = Context::default();
+        for v in o.volumes.iter().filter(|v| v.is_path()) {
+            let c = lexical(Path::new(&v.source)).unwrap();
+            ctx.canonical
+                .insert(v.source.clone(), c.display().to_string());
+        }
+        let plan = translate(&o, &ctx).unwrap();
+        policy.check_run(&o, &plan)?;
+        policy.check_body(&plan.body)
     }
 
     fn strict() -> Policy {
         let mut p = Policy::from_env(|_| None).unwrap();
-        p.resolve(None, normalize);
+        p.resolve(None, lexical);
         p
     }
 
@@ -692,6 +1091,34 @@ mod tests {
             (vec!["-v", "/proc:/x"], "no-proc-bind"),
             (vec!["-v", "/sys/fs:/x"], "no-sys-bind"),
             (vec!["-v", "/var/lib/docker:/x"], "no-docker-data-bind"),
+            // Issue 19: named volumes, log drivers, ulimits, restart
+            // policies, tmpfs options, SELinux label types, networks.
+            (vec!["-v", "someone-elses:/v"], "binds"),
+            (
+                vec!["--mount", "type=volume,src=someone-elses,dst=/v"],
+                "binds",
+            ),
+            (vec!["--log-driver", "syslog"], "log-driver"),
+            (vec!["--log-driver", "gelf"], "log-driver"),
+            (
+                vec!["--log-opt", "syslog-address=udp://203.0.113.9:514"],
+                "log-driver",
+            ),
+            (vec!["--ulimit", "nofile=1024"], "ulimits"),
+            (vec!["--ulimit", "bogus=1"], "ulimits"),
+            (vec!["--restart", "always"], "restart"),
+            (vec!["--restart", "on-failure:3"], "restart"),
+            (vec!["--tmpfs", "/t:suid"], "tmpfs"),
+            (vec!["--tmpfs", "/t:exec,dev"], "tmpfs"),
+            (vec!["--security-opt", "label=disable"], "security-opt"),
+            (vec!["--security-opt", "label=type:spc_t"], "security-opt"),
+            (vec!["--security-opt", "label:disable"], "security-opt"),
+            (vec!["--network", "bridge"], "namespaces"),
+            (vec!["--network", "private"], "namespaces"),
+            (vec!["--net", "pasta"], "namespaces"),
+            // GPU nodes that are not in the Ray container.
+            (vec!["--device", "/dev/nvidia0"], "devices"),
+            (vec!["--device", "/dev/nvidia-caps/nvidia-cap1"], "devices"),
         ] {
             let mut full = vec!["run"];
             full.extend(argv.iter().copied());
@@ -745,11 +1172,16 @@ mod tests {
         let mut p = Policy::from_env(|k| match k {
             "ARGUS_SHIM_ALLOWED_CAPS" => Some("net_admin, CAP_SYS_PTRACE".into()),
             "ARGUS_SHIM_ALLOWED_BINDS" => Some("/srv/models:/tmp/ray".into()),
+            "ARGUS_SHIM_ALLOWED_VOLUMES" => Some("named, cach*".into()),
             _ => None,
         })
         .unwrap();
         p.owned_refs.insert("mine".into());
-        p.resolve(None, normalize);
+        p.resolve(None, lexical);
+        p.present_devices = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/dri/renderD128"]
+            .map(String::from)
+            .into();
+        p.caller_ulimits = [("nofile".to_string(), 65536), ("memlock".to_string(), -1)].into();
         for argv in [
             vec![
                 "--cap-add",
@@ -761,7 +1193,7 @@ mod tests {
             ],
             vec![
                 "--security-opt",
-                "label=disable",
+                "label=level:s0:c100,c200",
                 "--security-opt",
                 "no-new-privileges",
             ],
@@ -795,6 +1227,12 @@ mod tests {
                 "type=bind,src=/tmp/ray,dst=/x,bind-propagation=rprivate",
             ],
             vec!["--label", "app=x"],
+            vec!["--log-driver", "json-file", "--log-opt", "max-size=10m"],
+            vec!["--log-driver=local", "--log-opt", "max-file=3"],
+            vec!["--ulimit", "nofile=1024:65536", "--ulimit", "memlock=-1"],
+            vec!["--restart", "no"],
+            vec!["--tmpfs", "/t:size=1m,mode=1777,noexec,nosuid,nodev"],
+            vec!["--memory", "1g", "--cpus", "2", "--pids-limit", "100"],
         ] {
             let mut full = vec!["run"];
             full.extend(argv.iter().copied());
@@ -828,14 +1266,16 @@ mod tests {
             mounts: vec![],
             gpus: crate::shim::selfid::Gpus::All,
             devices: vec!["/dev/fuse".into()],
+            networks: vec![],
+            limits: Default::default(),
         };
-        p.resolve(Some(&me), normalize);
+        p.resolve(Some(&me), lexical);
         assert_eq!(
             rule_of(check(&p, &["run", "--device", "/dev/fuse", "i"])),
             "ok"
         );
         me.devices.clear();
-        p.resolve(Some(&me), normalize);
+        p.resolve(Some(&me), lexical);
         assert_eq!(
             rule_of(check(&p, &["run", "--device", "/dev/fuse", "i"])),
             "devices"
@@ -883,6 +1323,121 @@ mod tests {
             let e = Policy::from_env(|n| (n == k).then(|| v.to_string())).unwrap_err();
             assert!(e.to_string().starts_with(k), "{e}");
         }
+    }
+
+    /// A Ray container with GPUs 1 and 3 of the host, 2 GiB, 1.5 CPUs,
+    /// 200 pids and CPUs 0-3, on the network `argus_default`.
+    fn limited_container() -> SelfContainer {
+        SelfContainer {
+            id: "ray".into(),
+            network_mode: "argus_default".into(),
+            pid_mode: String::new(),
+            ipc_mode: "shareable".into(),
+            uts_mode: String::new(),
+            hostname: "ray".into(),
+            mounts: vec![],
+            gpus: Gpus::List(vec!["1".into(), "3".into()]),
+            devices: vec![],
+            networks: vec!["argus_default".into()],
+            limits: Limits {
+                memory: 2 << 30,
+                nano_cpus: 1_500_000_000,
+                pids: 200,
+                cpuset_cpus: "0-3".into(),
+            },
+        }
+    }
+
+    /// Checks `argv` translated for [`limited_container`].
+    fn check_in(me: &SelfContainer, argv: &[&str]) -> String {
+        let mut p = Policy::from_env(|_| None).unwrap();
+        p.resolve(Some(me), lexical);
+        let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+        let Command::Run(o) = parse(&argv).unwrap() else {
+            panic!()
+        };
+        let ctx = Context {
+            me: Some(me.clone()),
+            ..Default::default()
+        };
+        let plan = match translate(&o, &ctx) {
+            Ok(p) => p,
+            Err(e) => return format!("translate: {e}"),
+        };
+        rule_of(
+            p.check_run(&o, &plan)
+                .and_then(|()| p.check_body(&plan.body)),
+        )
+    }
+
+    #[test]
+    fn gpus_networks_and_limits_are_the_ray_containers_at_most() {
+        let me = limited_container();
+        for (argv, want) in [
+            (vec![], "ok"),
+            (vec!["--gpus", "all"], "ok"),
+            (vec!["--gpus", "device=1"], "ok"),
+            (vec!["-e", "NVIDIA_VISIBLE_DEVICES=all"], "ok"),
+            (vec!["-e", "NVIDIA_VISIBLE_DEVICES=3"], "ok"),
+            (vec!["-e", "NVIDIA_VISIBLE_DEVICES=void"], "ok"),
+            (vec!["-e", "NVIDIA_VISIBLE_DEVICES=0,1"], "gpus"),
+            (vec!["-e", "NVIDIA_VISIBLE_DEVICES=GPU-aaaa"], "gpus"),
+            (vec!["--device", "nvidia.com/gpu=3"], "ok"),
+            (vec!["--device", "nvidia.com/gpu=0"], "devices"),
+            (vec!["--device", "nvidia.com/gpu=all"], "devices"),
+            (vec!["--network", "argus_default"], "ok"),
+            (vec!["--network", "host"], "ok"),
+            (vec!["--network", "bridge"], "namespaces"),
+            (vec!["--network", "other_net"], "namespaces"),
+            (vec!["--memory", "1g"], "ok"),
+            (vec!["--memory", "3g"], "resources"),
+            (vec!["--shm-size", "4g"], "resources"),
+            (vec!["--cpus", "1.5"], "ok"),
+            (vec!["--cpus", "2"], "resources"),
+            (vec!["--pids-limit", "100"], "ok"),
+            (vec!["--pids-limit", "-1"], "resources"),
+            (vec!["--pids-limit", "0"], "resources"),
+            (vec!["--cpuset-cpus", "1,3"], "ok"),
+            (vec!["--cpuset-cpus", "2-5"], "resources"),
+        ] {
+            let mut full = vec!["run"];
+            full.extend(argv.iter().copied());
+            full.push("img");
+            assert_eq!(check_in(&me, &full), want, "{argv:?}");
+        }
+        // What reaches the daemon without any flag: the Ray container's GPUs
+        // and limits, not the host's.
+        let o = match parse(&["run".to_string(), "img".to_string()]).unwrap() {
+            Command::Run(o) => o,
+            _ => panic!(),
+        };
+        let ctx = Context {
+            me: Some(me.clone()),
+            ..Default::default()
+        };
+        let body = translate(&o, &ctx).unwrap().body;
+        assert!(body
+            .env
+            .unwrap()
+            .contains(&"NVIDIA_VISIBLE_DEVICES=1,3".to_string()));
+        let hc = body.host_config.unwrap();
+        assert_eq!(
+            (
+                hc.memory,
+                hc.nano_cpus,
+                hc.pids_limit,
+                hc.cpuset_cpus.as_deref()
+            ),
+            (Some(2 << 30), Some(1_500_000_000), Some(200), Some("0-3"))
+        );
+        // A Ray container without GPUs gives none.
+        let mut none = limited_container();
+        none.gpus = Gpus::List(vec![]);
+        assert_eq!(
+            check_in(&none, &["run", "-e", "NVIDIA_VISIBLE_DEVICES=0", "img"]),
+            "gpus"
+        );
+        assert!(check_in(&none, &["run", "--gpus", "all", "img"]).starts_with("translate"));
     }
 
     #[test]

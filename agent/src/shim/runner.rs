@@ -12,7 +12,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::os::fd::AsFd;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bollard::container::{AttachContainerResults, LogOutput};
@@ -35,8 +35,9 @@ use super::docker::{self, is_not_found, message};
 use super::janitor::{self, JanitorScope};
 use super::labels::LABEL_OWNER;
 use super::owner;
-use super::policy::Policy;
-use super::selfid::{normalize, SelfContainer};
+use super::policy::{caller_ulimits, Policy, PolicyError};
+use super::resolve::resolve;
+use super::selfid::SelfContainer;
 use super::translate::{self, BindCopy, Context};
 use super::watchdog;
 use super::{ShimError, EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND, EXIT_SHIM};
@@ -199,8 +200,10 @@ async fn context(
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let mut canonical = HashMap::new();
     for v in o.volumes.iter().filter(|v| v.is_path()) {
-        let p = cwd.join(&v.source);
-        let c = canonical_path(&p);
+        let c = resolve(&cwd.join(&v.source)).map_err(|e| PolicyError::Unresolvable {
+            spec: v.source.clone(),
+            reason: e.to_string(),
+        })?;
         canonical.insert(v.source.clone(), c.display().to_string());
     }
     let mut env_files = HashMap::new();
@@ -280,10 +283,17 @@ async fn owned_refs(
     Ok(owned)
 }
 
-/// Returns `p` with symlinks and `..` resolved in this container; lexically
-/// when it does not exist (yet).
-fn canonical_path(p: &Path) -> PathBuf {
-    std::fs::canonicalize(p).unwrap_or_else(|_| normalize(p))
+/// Returns the `--device` paths of `o` that are character devices here,
+/// in the Ray container (not followed through a symlink).
+fn present_devices(o: &RunOpts) -> HashSet<String> {
+    use std::os::unix::fs::FileTypeExt;
+    o.devices
+        .iter()
+        .filter_map(|d| d.split(':').next())
+        .filter(|p| p.starts_with('/'))
+        .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_char_device()))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Runs `podman run` and returns its exit code.
@@ -291,7 +301,9 @@ pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
     let mut policy = Policy::from_env(|k| std::env::var(k).ok())?;
     let docker = docker::connect().await?;
     let me = docker::whoami(&docker).await?;
-    policy.resolve(me.as_ref(), canonical_path);
+    policy.resolve(me.as_ref(), |p| resolve(p).ok());
+    policy.present_devices = present_devices(&o);
+    policy.caller_ulimits = caller_ulimits();
     let ctx = context(&docker, &o, me).await?;
     if !policy.relaxed {
         policy.owned_refs = owned_refs(&docker, &o, &ctx.owner).await?;
@@ -326,6 +338,7 @@ async fn checked_run(
         eprintln!("WARNING: {w}");
     }
     policy.check_run(o, &plan)?;
+    policy.check_body(&plan.body)?;
     if policy.relaxed {
         tracing::warn!(
             image = %o.image,
@@ -620,41 +633,78 @@ pub fn tar_for(source: &Path, target: &str) -> Result<Vec<u8>, ShimError> {
 }
 
 /// Unpacks a tar from `GET /containers/{id}/archive?path=<target>` (its
-/// entries start with the target's base name) into `dest`, the bind source.
-/// Entries that would leave `dest` are skipped.
+/// entries start with the target's base name) into `dest`, the bind source;
+/// returns how many entries were unpacked.
+///
+/// The archive comes from a container the job controls, so it is hostile:
+/// entries are re-rooted at `dest` and unpacked with tar's `unpack_in`,
+/// which refuses `..` and any entry whose parent resolves outside `dest`
+/// (a symlink planted by an earlier entry or already there), replaces an
+/// existing file instead of writing through it, and drops setuid/setgid
+/// bits and ownership. Only files, folders and symlinks are unpacked
+/// (no hard links, devices or FIFOs); a refused entry is skipped with a
+/// warning.
 pub fn untar_into(bytes: &[u8], dest: &Path) -> Result<usize, ShimError> {
     let err = |e| ShimError::Io {
         path: dest.display().to_string(),
         source: e,
     };
-    let mut archive = tar::Archive::new(bytes);
+    // Re-root: "<target base name>/rest" -> "rest".
+    let mut rerooted = tar::Builder::new(Vec::new());
+    for entry in tar::Archive::new(bytes).entries().map_err(err)? {
+        let mut entry = entry.map_err(err)?;
+        let path = entry.path().map_err(err)?.into_owned();
+        let rest: PathBuf = path.components().skip(1).collect();
+        if rest.as_os_str().is_empty() {
+            continue;
+        }
+        if rest
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            tracing::warn!(entry = %path.display(), "copy back: skipped an entry with `..`");
+            continue;
+        }
+        let mut header = entry.header().clone();
+        let kind = header.entry_type();
+        if kind.is_symlink() {
+            let Some(target) = entry.link_name().map_err(err)?.map(|t| t.into_owned()) else {
+                continue;
+            };
+            rerooted
+                .append_link(&mut header, &rest, &target)
+                .map_err(err)?;
+        } else if kind.is_file() || kind.is_dir() {
+            rerooted
+                .append_data(&mut header, &rest, &mut entry)
+                .map_err(err)?;
+        } else {
+            tracing::warn!(entry = %path.display(), kind = ?kind, "copy back: skipped an entry that is not a file, folder or symlink");
+        }
+    }
+    let bytes = rerooted.into_inner().map_err(err)?;
+    let mut archive = tar::Archive::new(&bytes[..]);
+    archive.set_overwrite(true);
+    archive.set_preserve_permissions(false);
+    archive.set_preserve_ownerships(false);
+    archive.set_unpack_xattrs(false);
     let mut n = 0;
     for entry in archive.entries().map_err(err)? {
         let mut entry = entry.map_err(err)?;
-        let path = entry.path().map_err(err)?.into_owned();
-        let mut comps = path.components();
-        comps.next();
-        let rest: PathBuf = comps.collect();
-        if rest
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_)))
-        {
-            continue;
+        let shown = entry
+            .path()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        match entry.unpack_in(dest) {
+            Ok(true) if !entry.header().entry_type().is_dir() => n += 1,
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(entry = shown, dest = %dest.display(), "copy back: skipped an entry outside the folder");
+            }
+            Err(e) => {
+                tracing::warn!(entry = shown, dest = %dest.display(), error = %e, "copy back: skipped an entry that would leave the folder");
+            }
         }
-        let target = if rest.as_os_str().is_empty() {
-            dest.to_path_buf()
-        } else {
-            dest.join(&rest)
-        };
-        if entry.header().entry_type().is_dir() {
-            std::fs::create_dir_all(&target).map_err(err)?;
-            continue;
-        }
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent).map_err(err)?;
-        }
-        entry.unpack(&target).map_err(err)?;
-        n += 1;
     }
     Ok(n)
 }
@@ -757,5 +807,66 @@ mod tests {
             std::fs::read_to_string(src.path().join("worker_path.txt")).unwrap(),
             "abc"
         );
+    }
+
+    #[test]
+    fn copy_back_cannot_write_through_symlinks_or_leave_the_folder() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let dest = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("victim"), "safe").unwrap();
+        // A link already in the folder (planted by the job's container
+        // through the probe folder), and links and `..` in the archive.
+        symlink(outside.path().join("victim"), dest.path().join("f")).unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        let file = |b: &mut tar::Builder<Vec<u8>>, path: &str, mode: u32| {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(4);
+            h.set_mode(mode);
+            h.set_entry_type(tar::EntryType::Regular);
+            b.append_data(&mut h, path, &b"evil"[..]).unwrap();
+        };
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, "shared/out", outside.path()).unwrap();
+        file(&mut b, "shared/out/planted", 0o644);
+        file(&mut b, "shared/f", 0o644);
+        file(&mut b, "shared/suid", 0o4755);
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Link);
+        h.set_size(0);
+        b.append_link(&mut h, "shared/hard", outside.path().join("victim"))
+            .unwrap();
+        // `..` cannot be written through the builder's path setters.
+        let mut h = tar::Header::new_gnu();
+        h.set_size(4);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        let name = b"shared/../../evil";
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.set_cksum();
+        b.append(&h, &b"evil"[..]).unwrap();
+        let bytes = b.into_inner().unwrap();
+        untar_into(&bytes, dest.path()).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(outside.path().join("victim")).unwrap(),
+            "safe"
+        );
+        assert!(!outside.path().join("planted").exists());
+        assert!(!dest.path().join("hard").exists());
+        // The link was replaced by the file, not written through.
+        let f = dest.path().join("f");
+        assert!(!std::fs::symlink_metadata(&f)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "evil");
+        let mode = std::fs::metadata(dest.path().join("suid"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o6000, 0, "setuid bit kept: {mode:o}");
+        assert!(!dest.path().parent().unwrap().join("evil").exists());
     }
 }

@@ -15,6 +15,8 @@ use bollard::models::{ContainerInspectResponse, MountPointTypeEnum};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SelfMount {
     pub kind: MountKind,
+    /// The volume's name, for a volume mount.
+    pub name: Option<String>,
     pub source: String,
     pub destination: String,
     pub rw: bool,
@@ -37,6 +39,13 @@ pub enum Gpus {
     List(Vec<String>),
 }
 
+/// Every GPU: what a shim on the host itself has.
+impl Default for Gpus {
+    fn default() -> Gpus {
+        Gpus::All
+    }
+}
+
 /// The Ray container the shim runs in, as far as translation needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SelfContainer {
@@ -50,6 +59,23 @@ pub struct SelfContainer {
     pub gpus: Gpus,
     /// Host paths of the devices it was given (`--device`).
     pub devices: Vec<String>,
+    /// The networks it is attached to (`bridge`, a compose network, …).
+    pub networks: Vec<String>,
+    /// Its resource limits; 0 (or empty) when it has none.
+    pub limits: Limits,
+}
+
+/// The resource limits of the Ray container, which bound its engine
+/// containers' (from `HostConfig`; 0 means none).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Limits {
+    /// Bytes.
+    pub memory: i64,
+    /// CPUs in units of 10^-9 (also from `CpuQuota / CpuPeriod`).
+    pub nano_cpus: i64,
+    pub pids: i64,
+    /// A cpuset list (`0-3,6`); empty: every CPU.
+    pub cpuset_cpus: String,
 }
 
 impl SelfContainer {
@@ -67,6 +93,7 @@ impl SelfContainer {
                     Some(MountPointTypeEnum::VOLUME) => MountKind::Volume,
                     _ => MountKind::Other,
                 },
+                name: m.name.clone().filter(|n| !n.is_empty()),
                 source: m.source.clone().unwrap_or_default(),
                 destination: m.destination.clone().unwrap_or_default(),
                 rw: m.rw.unwrap_or(false),
@@ -124,6 +151,23 @@ impl SelfContainer {
                 .flatten()
                 .filter_map(|d| d.path_on_host.clone())
                 .collect(),
+            networks: i
+                .network_settings
+                .as_ref()
+                .and_then(|n| n.networks.as_ref())
+                .map(|n| n.keys().cloned().collect())
+                .unwrap_or_default(),
+            limits: Limits {
+                memory: hc.memory.unwrap_or(0).max(0),
+                nano_cpus: match (hc.nano_cpus, hc.cpu_quota, hc.cpu_period) {
+                    (Some(n), _, _) if n > 0 => n,
+                    (_, Some(q), Some(p)) if q > 0 && p > 0 => q * 1_000_000_000 / p,
+                    (_, Some(q), _) if q > 0 => q * 10_000, // default period 100 ms
+                    _ => 0,
+                },
+                pids: hc.pids_limit.unwrap_or(0).max(0),
+                cpuset_cpus: hc.cpuset_cpus.unwrap_or_default(),
+            },
         }
     }
 }

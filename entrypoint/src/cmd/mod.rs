@@ -39,6 +39,8 @@ pub enum Error {
     #[error(transparent)]
     Status(#[from] argus::status::StatusError),
     #[error(transparent)]
+    ShimSettings(#[from] argus::shim::settings::SettingsError),
+    #[error(transparent)]
     Record(#[from] argus_discovery::ReadError),
     #[error("failed to set up signal handling: {0}")]
     Signals(#[source] std::io::Error),

@@ -53,6 +53,20 @@ pub fn run(flags: &Flags) -> Outcome {
         "ARGUS_STATE_DIR".to_string(),
         cfg.state_dir.display().to_string(),
     )]);
+    // The shim takes its settings from this node, never from the caller's
+    // environment (which a job's runtime_env env_vars reach).
+    let shim_settings = argus::shim::settings::NodeSettings::from_env(|k| match k {
+        "ARGUS_STATE_DIR" => Some(cfg.state_dir.display().to_string()),
+        "ARGUS_SHARED_ROOT" => Some(cfg.shared_root.display().to_string()),
+        k => cfg
+            .shim
+            .vars
+            .get(k)
+            .cloned()
+            .or_else(|| std::env::var(k).ok()),
+    });
+    let path = shim_settings.write(&cfg.state_dir)?;
+    info!(path = %path.display(), "shim settings written");
     // Shim variables given as flags reach the shim through Ray's environment.
     node.add_ray_env(
         cfg.settings

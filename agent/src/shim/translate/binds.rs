@@ -9,7 +9,7 @@ use bollard::models::HostConfig;
 
 use super::{BindCopy, Context, Plan, TranslateError};
 use crate::shim::args::RunOpts;
-use crate::shim::selfid::{normalize, to_host, HostPath};
+use crate::shim::selfid::{to_host, HostPath};
 
 /// Translates `-v` and `--tmpfs` into binds and tmpfs mounts.
 pub fn apply_binds(
@@ -34,11 +34,14 @@ pub fn apply_binds(
             binds.push(spec);
             continue;
         }
-        let canonical = ctx
-            .canonical
-            .get(&v.source)
-            .cloned()
-            .unwrap_or_else(|| normalize(Path::new(&v.source)).display().to_string());
+        // Resolved at the edge (`shim::resolve`): never guessed here.
+        let canonical =
+            ctx.canonical
+                .get(&v.source)
+                .cloned()
+                .ok_or_else(|| TranslateError::Unresolved {
+                    path: v.source.clone(),
+                })?;
         match to_host(me, Path::new(&canonical)) {
             HostPath::At {
                 path,

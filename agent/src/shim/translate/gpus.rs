@@ -48,22 +48,27 @@ pub fn apply_gpus(
         }
         hc.runtime = Some(name);
     }
-    let nvidia_runtime = hc.runtime.as_deref() == Some("nvidia");
-    let env_all = plan
-        .env
-        .iter()
-        .any(|(k, v)| k == "NVIDIA_VISIBLE_DEVICES" && v == "all");
-    if let (Gpus::List(l), true) = (&have, nvidia_runtime || env_all) {
-        // The nvidia runtime would otherwise expose every host GPU (CUDA
-        // images set NVIDIA_VISIBLE_DEVICES=all).
-        let ids = match &limited {
-            Some(Some(ids)) => ids.clone(),
-            _ => l.clone(),
+    // NVIDIA's runtime hook gives a container the GPUs its
+    // NVIDIA_VISIBLE_DEVICES names, from the create body or from the
+    // image (CUDA images set `all`), whenever the runtime is nvidia, also
+    // as the daemon's default. So a Ray container with some GPUs always
+    // names them: the `--gpus` ones, the job's own list (the policy checks
+    // it is a subset), or all of the Ray container's.
+    if let Gpus::List(l) = &have {
+        let asked = plan
+            .env
+            .iter()
+            .find(|(k, _)| k == "NVIDIA_VISIBLE_DEVICES")
+            .map(|(_, v)| v.clone());
+        let ids = match (&limited, asked.as_deref()) {
+            (Some(Some(ids)), _) => ids.join(","),
+            (_, Some(v)) if v != "all" => v.to_string(),
+            _ => l.join(","),
         };
         let v = if ids.is_empty() {
             "void".to_string()
         } else {
-            ids.join(",")
+            ids
         };
         set_env(&mut plan.env, "NVIDIA_VISIBLE_DEVICES", &v);
     }

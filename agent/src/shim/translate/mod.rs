@@ -48,6 +48,8 @@ pub enum TranslateError {
     NoRuntime(String, String),
     #[error("{flag} {value}: podman-only mode has no Docker equivalent")]
     Unsupported { flag: String, value: String },
+    #[error("-v {path}: the bind source was not resolved before translation")]
+    Unresolved { path: String },
     #[error("--env-file {path}: {reason}")]
     EnvFile { path: String, reason: String },
 }
@@ -217,6 +219,20 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let v: Vec<ContainerInspectResponse> = serde_json::from_str(&text).unwrap();
         SelfContainer::from_inspect(&v[0])
+    }
+
+    /// [`super::translate`] with the bind sources of `o` resolved
+    /// lexically, as if nothing in these tests' imaginary Ray container
+    /// were a symlink (the real resolution is `shim::resolve`'s).
+    fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
+        let mut ctx = ctx.clone();
+        for v in o.volumes.iter().filter(|v| v.is_path()) {
+            let c = crate::shim::selfid::normalize(&Path::new("/").join(&v.source));
+            ctx.canonical
+                .entry(v.source.clone())
+                .or_insert_with(|| c.display().to_string());
+        }
+        super::translate(o, &ctx)
     }
 
     fn ctx(me: Option<SelfContainer>) -> Context {

@@ -9,7 +9,7 @@ use crate::shim::args::RunOpts;
 /// Translates the resource and lifecycle flags.
 pub fn apply_resources(
     o: &RunOpts,
-    _ctx: &Context,
+    ctx: &Context,
     hc: &mut HostConfig,
     _plan: &mut Plan,
 ) -> Result<(), TranslateError> {
@@ -119,6 +119,23 @@ pub fn apply_resources(
             flag: "--pids-limit".into(),
             value: p.clone(),
         })?);
+    }
+    // An engine container does the Ray container's work: it gets at most
+    // the Ray container's limits, and those when it names none.
+    if let Some(me) = &ctx.me {
+        let l = &me.limits;
+        if l.memory > 0 && hc.memory.is_none() {
+            hc.memory = Some(l.memory);
+        }
+        if l.nano_cpus > 0 && hc.nano_cpus.is_none() {
+            hc.nano_cpus = Some(l.nano_cpus);
+        }
+        if l.pids > 0 && hc.pids_limit.is_none() {
+            hc.pids_limit = Some(l.pids);
+        }
+        if !l.cpuset_cpus.is_empty() && hc.cpuset_cpus.is_none() {
+            hc.cpuset_cpus = Some(l.cpuset_cpus.clone());
+        }
     }
     if o.init {
         hc.init = Some(true);
