@@ -136,7 +136,7 @@ fn bad_values_exit_78_with_one_line_naming_the_variable_in_run_and_config() {
         ("ARGUS_RAY_BIN", "/nonexistent/ray".into()),
         ("ARGUS_RAY_BIN", "no-such-ray-on-path".into()),
         ("ARGUS_RAY_BIN", not_exec.1.clone()),
-        // Issue 19: the shim's settings are checked by `run` and `config`
+        // The shim's settings are checked by `run` and `config`
         // like every other variable (a typo used to pass both, and then
         // every `podman run` failed).
         ("ARGUS_SHIM_POLICY", "relax".into()),

@@ -1,4 +1,4 @@
-//! The escapes of issue 19, tried against the real Docker daemon the way a
+//! The escapes a security review found in the shim's policy, tried against the real Docker daemon the way a
 //! job would try them, each with a control that shows the same setup does
 //! reach the daemon when the rule allows it (so a test cannot pass by
 //! refusing everything):

@@ -393,7 +393,7 @@ fn planted() -> &'static str {
 }
 
 /// Flag groups for the property test: what Ray and engine jobs use (the
-/// first 17 are allowed together), then every escape of issues 11 and 19
+/// first 18 are allowed together), then every escape the policy refuses
 /// in its spellings (`-v`, `--mount`, `..`, relative paths, symlinks whose
 /// target is missing here, foreign named volumes, log drivers, GPU
 /// variables, ulimits, restart policies, tmpfs options, networks).

@@ -1091,7 +1091,7 @@ mod tests {
             (vec!["-v", "/proc:/x"], "no-proc-bind"),
             (vec!["-v", "/sys/fs:/x"], "no-sys-bind"),
             (vec!["-v", "/var/lib/docker:/x"], "no-docker-data-bind"),
-            // Issue 19: named volumes, log drivers, ulimits, restart
+            // Named volumes, log drivers, ulimits, restart
             // policies, tmpfs options, SELinux label types, networks.
             (vec!["-v", "someone-elses:/v"], "binds"),
             (

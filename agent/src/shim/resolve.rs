@@ -144,7 +144,7 @@ mod tests {
 
     #[test]
     fn a_link_to_root_with_a_missing_rest_is_an_error_not_a_textual_path() {
-        // The escape of issue 19: `ln -s / l`, then `l/<path missing here>`.
+        // The escape a review found: `ln -s / l`, then `l/<path missing here>`.
         let d = tempfile::tempdir().unwrap();
         symlink("/", d.path().join("l")).unwrap();
         let p = d.path().join("l/no-such-dir-argus/var/lib/docker");
