@@ -319,3 +319,25 @@ fn a_jobs_env_vars_do_not_move_the_bind_allow_list() {
     assert!(err.contains("the shim uses this node's settings"), "{r}");
     assert!(containers_with(&label).is_empty());
 }
+
+#[test]
+fn pull_is_under_the_image_allow_list() {
+    require_docker();
+    for argv in [
+        &["pull", "evil.example/miner:1"][..],
+        &["image", "pull", "evil.example/miner:1"][..],
+    ] {
+        let o = output(podman(argv).env("ARGUS_SHIM_ALLOWED_IMAGES", "registry.local/*"));
+        assert_eq!(o.status.code(), Some(125), "{argv:?}: {}", show(&o));
+        assert!(
+            stderr(&o).contains("allowed-images"),
+            "{argv:?}: {}",
+            show(&o)
+        );
+        assert!(
+            !stderr(&o).contains("Trying to pull"),
+            "{argv:?} pulled: {}",
+            show(&o)
+        );
+    }
+}
