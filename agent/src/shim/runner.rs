@@ -427,7 +427,7 @@ async fn run_created(
     }
     stop_tasks(&stop, &tasks).await;
     let code = exit?;
-    for c in copies {
+    for c in copies.iter().filter(|c| !c.read_only) {
         copy_back(docker, id, c).await?;
     }
     Ok(u8::try_from(code).unwrap_or(EXIT_SHIM))
@@ -621,15 +621,62 @@ pub fn tar_for(source: &Path, target: &str) -> Result<Vec<u8>, ShimError> {
         path: source.display().to_string(),
         source: e,
     };
-    let mut b = tar::Builder::new(Vec::new());
+    let changed = || {
+        err(std::io::Error::other(
+            "the folder changed (a component is now a symlink) since it was checked",
+        ))
+    };
+    // The source was resolved to a link-free path; if a component was
+    // swapped for a link since, copy nothing rather than what it points to.
+    let unchanged = || super::resolve::resolve(source).ok().as_deref() == Some(source);
+    if !unchanged() {
+        return Err(changed());
+    }
+    let mut b = tar::Builder::new(Limited {
+        out: Vec::new(),
+        left: COPY_LIMIT,
+    });
     b.follow_symlinks(false);
-    let meta = std::fs::metadata(source).map_err(err)?;
+    let meta = std::fs::symlink_metadata(source).map_err(err)?;
     if meta.is_dir() {
         b.append_dir_all(rel, source).map_err(err)?;
     } else {
         b.append_path_with_name(source, rel).map_err(err)?;
     }
-    b.into_inner().map_err(err)
+    let bytes = b.into_inner().map_err(err)?.out;
+    // A swap during the walk would have walked the link's target.
+    if !unchanged() {
+        return Err(changed());
+    }
+    Ok(bytes)
+}
+
+/// The most a bind copied into a container may hold (the worker-path
+/// probe's folder holds one small file).
+const COPY_LIMIT: usize = 256 << 20;
+
+/// A `Vec` writer that fails past a limit.
+struct Limited {
+    out: Vec<u8>,
+    left: usize,
+}
+
+impl Write for Limited {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() > self.left {
+            return Err(std::io::Error::other(format!(
+                "more than {} MiB to copy into the container (bind a whole mounted folder instead)",
+                COPY_LIMIT >> 20
+            )));
+        }
+        self.left -= buf.len();
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Unpacks a tar from `GET /containers/{id}/archive?path=<target>` (its

@@ -176,10 +176,14 @@ impl SelfContainer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostPath {
     /// At this host path; `read_only` when the Ray container's mount is.
+    /// `inside` is the mount's destination when the path lies strictly
+    /// inside it (None: the path is the mount itself, or the shim runs on
+    /// the host).
     At {
         path: String,
         read_only: bool,
         via_volume: bool,
+        inside: Option<String>,
     },
     /// Nowhere: the path is on the Ray container's own file system or tmpfs.
     NotVisible,
@@ -215,6 +219,9 @@ pub fn to_host(me: Option<&SelfContainer>, path: &Path) -> HostPath {
             path: path.display().to_string(),
             read_only: false,
             via_volume: false,
+            // On the host itself no mount tells what a job can write; the
+            // host's own permissions decide (docs/shim.md).
+            inside: None,
         };
     };
     let best = me
@@ -234,6 +241,7 @@ pub fn to_host(me: Option<&SelfContainer>, path: &Path) -> HostPath {
                 path: host.display().to_string(),
                 read_only: !m.rw,
                 via_volume: m.kind == MountKind::Volume,
+                inside: (!suffix.as_os_str().is_empty()).then(|| m.destination.clone()),
             }
         }
         _ => HostPath::NotVisible,

@@ -42,11 +42,36 @@ pub fn apply_binds(
                 .ok_or_else(|| TranslateError::Unresolved {
                     path: v.source.clone(),
                 })?;
-        match to_host(me, Path::new(&canonical)) {
+        let host = to_host(me, Path::new(&canonical));
+        if let HostPath::At {
+            read_only: false,
+            inside: Some(root),
+            ..
+        } = &host
+        {
+            // Strictly inside a folder Ray or an engine container can
+            // write: the daemon would resolve the path again when it mounts
+            // it, after a job had the chance to swap a component for a link.
+            if o.rm && !o.detach {
+                plan.copies.push(BindCopy {
+                    source: canonical,
+                    target: v.target.clone(),
+                    read_only: v.read_only(),
+                });
+                continue;
+            }
+            return Err(TranslateError::RacySubfolder {
+                path: v.source.clone(),
+                target: v.target.clone(),
+                root: root.clone(),
+            });
+        }
+        match host {
             HostPath::At {
                 path,
                 read_only,
                 via_volume,
+                ..
             } => {
                 let mut opts: Vec<String> = v
                     .options
@@ -70,6 +95,7 @@ pub fn apply_binds(
                     plan.copies.push(BindCopy {
                         source: canonical,
                         target: v.target.clone(),
+                        read_only: v.read_only(),
                     });
                 } else {
                     return Err(TranslateError::NotHostVisible {

@@ -48,6 +48,12 @@ pub enum TranslateError {
     NoRuntime(String, String),
     #[error("{flag} {value}: podman-only mode has no Docker equivalent")]
     Unsupported { flag: String, value: String },
+    #[error("-v {path}:{target}: policy: a subfolder of {root}, which Ray and engine containers can write, is refused (rule no-writable-subfolder-bind: a job could swap it for a symlink between the check and the mount); bind the whole folder ({root}), a read-only one such as the model cache, or use --rm without --detach to have it copied in and back")]
+    RacySubfolder {
+        path: String,
+        target: String,
+        root: String,
+    },
     #[error("-v {path}: the bind source was not resolved before translation")]
     Unresolved { path: String },
     #[error("--env-file {path}: {reason}")]
@@ -90,6 +96,8 @@ impl Context {
 pub struct BindCopy {
     pub source: String,
     pub target: String,
+    /// Not copied back after the exit.
+    pub read_only: bool,
 }
 
 /// The outcome of translation.
@@ -261,7 +269,8 @@ mod tests {
             HostPath::At {
                 path: "/tmp/argus-shim-fixture/ray-tmp/session_1/sockets".into(),
                 read_only: false,
-                via_volume: false
+                via_volume: false,
+                inside: Some("/tmp/ray".into()),
             }
         );
         assert_eq!(
@@ -269,7 +278,8 @@ mod tests {
             HostPath::At {
                 path: "/var/lib/docker/volumes/raytmp/_data/tmpabc".into(),
                 read_only: false,
-                via_volume: true
+                via_volume: true,
+                inside: Some("/tmp".into()),
             }
         );
         // Component-wise: /data is not a prefix of /database.
@@ -282,7 +292,8 @@ mod tests {
             HostPath::At {
                 path: "/tmp/argus-shim-fixture/data".into(),
                 read_only: true,
-                via_volume: false
+                via_volume: false,
+                inside: None,
             }
         );
         // The container's own overlay is not visible.
@@ -400,6 +411,7 @@ mod tests {
         assert_eq!(
             plan.copies,
             vec![BindCopy {
+                read_only: false,
                 source: "/home/ray/tmpx".into(),
                 target: "/shared".into()
             }]
@@ -577,5 +589,48 @@ mod tests {
             (Some(true), Some(false), Some(false))
         );
         assert!(!p.body.labels.unwrap().contains_key(LABEL_PID));
+    }
+
+    #[test]
+    fn subfolders_of_writable_mounts_are_copied_or_refused_never_bound() {
+        // The fixture: /tmp/ray a read-write bind, /tmp a read-write volume,
+        // /data a read-only bind.
+        let c = ctx(Some(fixture("ray-node-inspect.json")));
+        // A whole mount is bound, and anything in a read-only one.
+        for argv in [
+            vec!["run", "-d", "-v", "/tmp/ray:/tmp/ray", "i"],
+            vec!["run", "-d", "-v", "/data/models/x:/m", "i"],
+        ] {
+            let plan = translate(&run_opts(&argv), &c).unwrap();
+            assert!(plan.copies.is_empty(), "{argv:?}");
+            assert_eq!(plan.body.host_config.unwrap().binds.unwrap().len(), 1);
+        }
+        // A subfolder of a writable mount: detached, refused naming the
+        // rule and the mount.
+        let err = translate(&run_opts(&["run", "-d", "-v", "/tmp/ray/x:/x", "i"]), &c).unwrap_err();
+        assert!(
+            matches!(err, TranslateError::RacySubfolder { ref root, .. } if root == "/tmp/ray")
+        );
+        assert!(
+            err.to_string().contains("rule no-writable-subfolder-bind"),
+            "{err}"
+        );
+        // Attached --rm: copied in, and back unless read-only.
+        let plan = translate(
+            &run_opts(&[
+                "run",
+                "--rm",
+                "-v",
+                "/tmp/ray/x:/x",
+                "-v",
+                "/tmp/y:/y:ro",
+                "i",
+            ]),
+            &c,
+        )
+        .unwrap();
+        assert_eq!(plan.copies.len(), 2);
+        assert!(!plan.copies[0].read_only && plan.copies[1].read_only);
+        assert!(plan.body.host_config.unwrap().binds.is_none());
     }
 }
