@@ -260,8 +260,10 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_PRESTART_HOOK", H, Kind::Path, Value("/opt/argus/ray-prestart"), "run once before Ray first starts, if present"),
     var("ARGUS_PRESTART_TIMEOUT_S", H, Kind::Seconds { min: 0.1 }, Value("300"), "hook timeout"),
     var("ARGUS_DISABLE_PRESTART", H, Kind::Bool, Value("no"), "skip the hook"),
+    var("ARGUS_PRESTART_AS_ROOT", H, Kind::Bool, Value("no"), "run the hook with the agent's rights instead of as ARGUS_RAY_USER"),
     var("ARGUS_STOP_GRACE_S", N, Kind::Seconds { min: 0.1 }, Value("8"), "SIGTERM-to-SIGKILL grace for Ray on stop"),
     var("ARGUS_RAY_BIN", N, Kind::Program, Value("ray"), "the Ray CLI"),
+    var("ARGUS_RAY_USER", N, Kind::Text, Unset("(the agent's user)"), "user Ray's tree and the pre-start hook run as (`user`, `uid`, `uid:gid`, `user:group`); the agent must be root to use another"),
     var("ARGUS_STATE_DIR", N, Kind::Path, Value("/run/argus"), "where status.json lives (local, not shared)"),
     var("ARGUS_RESTART_BACKOFF_MIN_S", N, Kind::Seconds { min: 0.1 }, Value("1"), "first restart delay"),
     var("ARGUS_RESTART_BACKOFF_MAX_S", N, Kind::Seconds { min: 0.1 }, Value("60"), "restart delay cap"),
@@ -276,6 +278,7 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_SHIM_ALLOWED_BINDS", S, Kind::Text, Unset("(Ray temp dirs, shared root, model cache)"), "colon-separated folders (paths in the Ray container) engine containers may bind"),
     var("ARGUS_MODEL_CACHE", S, Kind::Text, Unset("(/tmp/argus-models)"), "model cache folder, mounted at the same path as on the host; in the default bind allow-list"),
     var("ARGUS_SHIM_ALLOWED_VOLUMES", S, Kind::Text, Unset("(the Ray container's own)"), "comma-separated named volumes engine containers may mount besides the Ray container's own (`prefix*` allowed)"),
+    var("ARGUS_SHIM_ALLOWED_USERS", S, Kind::Text, Unset("(the caller only)"), "comma-separated users engine containers may run as besides their caller (`0`, `root`, `*`)"),
     var("ARGUS_SHIM_ALLOWED_CAPS", S, Kind::Text, Unset("(none)"), "comma-separated capabilities `--cap-add` may add"),
     var("ARGUS_SHIM_OWNER", S, Kind::Text, Unset("(Ray container id, or host-<id> in ARGUS_STATE_DIR)"), "owner label of this node's engine containers"),
 ];
@@ -708,6 +711,10 @@ pub struct HookConfig {
     pub path: PathBuf,
     pub disabled: bool,
     pub timeout: Duration,
+    /// Run the hook with the agent's rights, not as the Ray user.
+    pub as_root: bool,
+    /// The user it runs as (the Ray user, unless `as_root`).
+    pub run_as: Option<crate::supervise::privs::RayUser>,
 }
 
 impl HookConfig {
@@ -717,6 +724,8 @@ impl HookConfig {
             path: r.path("ARGUS_PRESTART_HOOK", PathBuf::new)?,
             disabled: r.flag("ARGUS_DISABLE_PRESTART")?,
             timeout: r.seconds("ARGUS_PRESTART_TIMEOUT_S")?,
+            as_root: r.flag("ARGUS_PRESTART_AS_ROOT")?,
+            run_as: None,
         })
     }
 }
@@ -749,6 +758,24 @@ impl ShimConfig {
     }
 }
 
+/// Reads `ARGUS_RAY_USER`: a user of this image, and another than the
+/// agent's only when the agent is root.
+fn read_ray_user(r: &mut Reader) -> Result<Option<crate::supervise::privs::RayUser>, ConfigError> {
+    let Some(spec) = r.text("ARGUS_RAY_USER")?.filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let user = crate::supervise::privs::RayUser::parse(&spec)
+        .map_err(|why| ConfigError::new("ARGUS_RAY_USER", &spec, why))?;
+    if !user.is_current() && !nix::unistd::geteuid().is_root() {
+        return Err(ConfigError::new(
+            "ARGUS_RAY_USER",
+            &spec,
+            "the agent is not root, so it cannot run Ray as another user (run the container as root, the node image's default)",
+        ));
+    }
+    Ok(Some(user))
+}
+
 /// Reads the node's local state folder (`status`, `healthcheck`, `run`).
 pub fn read_state_dir(r: &mut Reader) -> Result<PathBuf, ConfigError> {
     r.path("ARGUS_STATE_DIR", PathBuf::new)
@@ -773,6 +800,8 @@ pub struct Config {
     pub ray_extra_args: Vec<String>,
     pub stop_grace: Duration,
     pub ray_bin: String,
+    /// The user Ray's tree runs as; None: the agent's own.
+    pub ray_user: Option<crate::supervise::privs::RayUser>,
     /// Where this node's status file lives (not on shared storage).
     pub state_dir: PathBuf,
     pub backoff_min: Duration,
@@ -944,9 +973,13 @@ impl Config {
         }
         let log = Logging::read(&mut r, &shared_root)?;
         let preflight = PreflightConfig::read(&mut r)?;
-        let hook = HookConfig::read(&mut r)?;
+        let mut hook = HookConfig::read(&mut r)?;
         let stop_grace = r.seconds("ARGUS_STOP_GRACE_S")?;
         let ray_bin = r.value("ARGUS_RAY_BIN")?.unwrap_or_default();
+        let ray_user = read_ray_user(&mut r)?;
+        if !hook.as_root {
+            hook.run_as = ray_user.clone();
+        }
         let state_dir = read_state_dir(&mut r)?;
         let backoff_min = r.seconds("ARGUS_RESTART_BACKOFF_MIN_S")?;
         let backoff_max = r.seconds("ARGUS_RESTART_BACKOFF_MAX_S")?;
@@ -983,6 +1016,7 @@ impl Config {
             ray_extra_args,
             stop_grace,
             ray_bin,
+            ray_user,
             state_dir,
             backoff_min,
             backoff_max,

@@ -92,12 +92,18 @@ pub fn run_prestart(cfg: &HookConfig, stop: &Stop) -> Result<(), HookError> {
         info!(hook = %cfg.path.display(), "prestart hook disabled by ARGUS_DISABLE_PRESTART");
         return Ok(());
     }
-    run_hook(&cfg.path, cfg.timeout, stop)
+    run_hook(&cfg.path, cfg.timeout, cfg.run_as.as_ref(), stop)
 }
 
-/// Runs the executable at `path` if it exists, bounded by `timeout`; a stop
-/// request kills its process group at once.
-pub fn run_hook(path: &Path, timeout: Duration, stop: &Stop) -> Result<(), HookError> {
+/// Runs the executable at `path` if it exists, as `user` (with
+/// `no_new_privs` in any case), bounded by `timeout`; a stop request kills
+/// its process group at once.
+pub fn run_hook(
+    path: &Path,
+    timeout: Duration,
+    user: Option<&crate::supervise::privs::RayUser>,
+    stop: &Stop,
+) -> Result<(), HookError> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -143,6 +149,7 @@ pub fn run_hook(path: &Path, timeout: Duration, stop: &Stop) -> Result<(), HookE
             .stdout(Stdio::from(write_end))
             .stderr(Stdio::from(write_err))
             .process_group(0);
+        crate::supervise::privs::confine(&mut cmd, user);
         // `cmd` (holding our copies of the write end) is dropped at the end
         // of this block, so the reader sees EOF when the hook's side closes.
         spawn(&mut cmd)
@@ -251,7 +258,13 @@ mod tests {
     #[test]
     fn absent_hook_is_skipped() {
         let d = setup();
-        run_hook(&d.path().join("nope"), Duration::from_secs(5), &Stop::new()).unwrap();
+        run_hook(
+            &d.path().join("nope"),
+            Duration::from_secs(5),
+            None,
+            &Stop::new(),
+        )
+        .unwrap();
     }
 
     #[test]
@@ -264,7 +277,7 @@ mod tests {
             &format!("echo out; echo err >&2; echo x >> {}", marker.display()),
             0o755,
         );
-        run_hook(&h, Duration::from_secs(10), &Stop::new()).unwrap();
+        run_hook(&h, Duration::from_secs(10), None, &Stop::new()).unwrap();
         assert_eq!(std::fs::read_to_string(&marker).unwrap(), "x\n");
     }
 
@@ -277,7 +290,7 @@ mod tests {
             "echo 'disk not mounted' >&2; exit 3",
             0o755,
         );
-        let e = run_hook(&h, Duration::from_secs(10), &Stop::new()).unwrap_err();
+        let e = run_hook(&h, Duration::from_secs(10), None, &Stop::new()).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -307,7 +320,7 @@ mod tests {
             0o755,
         );
         let t = Instant::now();
-        let e = run_hook(&h, Duration::from_millis(500), &Stop::new()).unwrap_err();
+        let e = run_hook(&h, Duration::from_millis(500), None, &Stop::new()).unwrap_err();
         assert!(matches!(e, HookError::TimedOut { .. }), "{e:?}");
         assert_eq!(e.exit_code(), 1);
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
@@ -329,10 +342,10 @@ mod tests {
     fn non_executable_hook_is_a_configuration_error() {
         let d = setup();
         let h = script(d.path(), "hook", "exit 0", 0o644);
-        let e = run_hook(&h, Duration::from_secs(5), &Stop::new()).unwrap_err();
+        let e = run_hook(&h, Duration::from_secs(5), None, &Stop::new()).unwrap_err();
         assert!(matches!(e, HookError::NotExecutable { .. }), "{e:?}");
         assert_eq!(e.exit_code(), 78);
-        let e = run_hook(d.path(), Duration::from_secs(5), &Stop::new()).unwrap_err();
+        let e = run_hook(d.path(), Duration::from_secs(5), None, &Stop::new()).unwrap_err();
         assert_eq!(e.exit_code(), 78, "{e}");
     }
 
@@ -340,7 +353,7 @@ mod tests {
     fn hook_killed_by_a_signal_reports_128_plus_signal() {
         let d = setup();
         let h = script(d.path(), "hook", "kill -9 $$", 0o755);
-        let e = run_hook(&h, Duration::from_secs(5), &Stop::new()).unwrap_err();
+        let e = run_hook(&h, Duration::from_secs(5), None, &Stop::new()).unwrap_err();
         assert!(
             e.to_string().contains("exit code 137 (killed by SIGKILL)"),
             "{e}"
@@ -362,6 +375,8 @@ mod tests {
             path: h,
             disabled: true,
             timeout: Duration::from_secs(10),
+            as_root: false,
+            run_as: None,
         };
         run_prestart(&cfg, &Stop::new()).unwrap();
         assert!(!marker.exists());

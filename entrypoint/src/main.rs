@@ -81,6 +81,15 @@ fn main() -> ExitCode {
     if argv.get(1).is_some_and(|a| a == "podman") {
         return ExitCode::from(cmd::podman::run(argv.into_iter().skip(2).collect()));
     }
+    // The agent's side of one podman call (spawned by the node's broker).
+    if argv
+        .get(1)
+        .is_some_and(|a| a == argus::shim::broker::HANDLER_COMMAND)
+    {
+        return ExitCode::from(cmd::podman::handle(
+            argv.get(2).cloned().unwrap_or_default(),
+        ));
+    }
 
     let code = match run() {
         Ok(code) => ExitCode::from(code),

@@ -124,6 +124,9 @@ impl Node {
         let run = self.runs;
         let mut cmd = Command::new(&self.cfg.ray_bin);
         cmd.process_group(0);
+        // Ray's whole tree: the Ray user, no groups, no capabilities,
+        // no_new_privs (setuid files planted in shared folders give nothing).
+        crate::supervise::privs::confine(&mut cmd, self.cfg.ray_user.as_ref());
         for (k, v) in &self.extra_env {
             cmd.env(k, v);
         }

@@ -801,8 +801,14 @@ pub const RUN_FLAGS: &[FlagDef] = {
             set_value!(cgroupns),
         ),
         flag("userns", None, V, Checked("userns"), set_value!(userns)),
-        flag("user", Some('u'), V, Allowed, set_value!(user)),
-        flag("group-add", None, V, Mapped, push_value!(group_add)),
+        flag("user", Some('u'), V, Checked("users"), set_value!(user)),
+        flag(
+            "group-add",
+            None,
+            V,
+            Checked("groups"),
+            push_value!(group_add),
+        ),
         flag(
             "privileged",
             None,

@@ -18,8 +18,11 @@
 //! `janitor`, `watchdog` and `docker` touch the socket.
 
 pub mod args;
+pub mod broker;
+pub mod client;
 pub mod cmds;
 pub mod docker;
+pub mod handler;
 pub mod janitor;
 pub mod labels;
 pub mod owner;
@@ -29,6 +32,7 @@ pub mod runner;
 pub mod selfid;
 pub mod settings;
 pub mod translate;
+pub mod transport;
 pub mod watchdog;
 
 use std::ffi::OsString;
@@ -98,18 +102,31 @@ pub fn run(args: Vec<OsString>) -> u8 {
         .into_iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let command = match args::parse(&args) {
+    // Under a node agent that brokers podman calls, this process is only
+    // its client: the agent's side holds the Docker socket.
+    if let Some(code) = client::run(&args) {
+        return code;
+    }
+    if let Err(e) = use_node_settings(None) {
+        return fail(&e);
+    }
+    run_here(&args, || {})
+}
+
+/// Runs the shim in this process (the standalone shim, or the agent's
+/// handler of one client call); `on_ready` runs once the watchdog is forked
+/// and before any thread of the shim exists.
+pub fn run_here(args: &[String], on_ready: impl FnOnce()) -> u8 {
+    let command = match args::parse(args) {
         Ok(c) => c,
         Err(e) => return fail(&ShimError::from(e)),
     };
-    if let Err(e) = use_node_settings() {
-        return fail(&e);
-    }
     if let args::Command::Run(o) = &command {
         if !o.detach {
             watchdog::spawn();
         }
     }
+    on_ready();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -134,12 +151,29 @@ pub fn run(args: Vec<OsString>) -> u8 {
     code
 }
 
+/// The caller's supplementary groups, when they are not this process's
+/// (the agent's handler runs with the Docker socket's group instead).
+static CALLER_GROUPS: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+
+/// Returns the caller's supplementary groups (for `--group-add keep-groups`).
+pub fn caller_groups() -> Vec<u32> {
+    match CALLER_GROUPS.get() {
+        Some(g) => g.clone(),
+        None => nix::unistd::getgroups()
+            .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+            .unwrap_or_default(),
+    }
+}
+
 /// Makes the node's settings the ones in force (see [`settings`]): the
 /// caller's environment may hold a job's `env_vars`.
-fn use_node_settings() -> Result<(), ShimError> {
-    let file = match settings::locate() {
-        settings::Source::Agent { file, .. } | settings::Source::StateDir(file) => file,
-        settings::Source::Environment => return Ok(()),
+fn use_node_settings(file: Option<&std::path::Path>) -> Result<(), ShimError> {
+    let file = match file {
+        Some(f) => f.to_path_buf(),
+        None => match settings::locate() {
+            settings::Source::Agent { file, .. } | settings::Source::StateDir(file) => file,
+            settings::Source::Environment => return Ok(()),
+        },
     };
     let node = settings::NodeSettings::read(&file)?;
     for name in settings::apply(&node) {

@@ -63,6 +63,13 @@ pub fn host_owner(dir: &Path) -> Result<String, ShimError> {
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
     writeln!(tmp, "{id}").map_err(io)?;
     tmp.as_file().sync_all().map_err(io)?;
+    // Readable by the Ray user's podman calls (the agent may be root).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))
+            .map_err(io)?;
+    }
     match tmp.persist_noclobber(&path) {
         Ok(_) => Ok(id),
         Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => {

@@ -100,6 +100,8 @@ pub const CHECKED_RULES: &[&str] = &[
     "restart",
     "log-driver",
     "tmpfs",
+    "users",
+    "groups",
 ];
 
 /// Log drivers that keep a container's output on this host.
@@ -234,6 +236,13 @@ pub struct Policy {
     /// The caller's hard limits by ulimit name (-1: unlimited), as found at
     /// the edge ([`caller_ulimits`]).
     pub caller_ulimits: HashMap<String, i64>,
+    /// The caller's uid and gid: what an engine container runs as unless
+    /// `ARGUS_SHIM_ALLOWED_USERS` allows another `--user`.
+    pub caller: Option<(u32, u32)>,
+    /// Users `--user` may name besides the caller (`0`, `root`, `*`).
+    pub allowed_users: Vec<String>,
+    /// The Docker socket's group, which no engine container may join.
+    pub socket_gid: Option<u32>,
 }
 
 /// Returns a capability name as Docker compares it (`cap_sys_admin` ->
@@ -301,6 +310,7 @@ impl Policy {
                 why: "not a volume name (comma-separated names expected; paths go in ARGUS_SHIM_ALLOWED_BINDS)",
             });
         }
+        let allowed_users = list("ARGUS_SHIM_ALLOWED_USERS", ',').unwrap_or_default();
         let allowed_caps = list("ARGUS_SHIM_ALLOWED_CAPS", ',')
             .unwrap_or_default()
             .iter()
@@ -321,6 +331,7 @@ impl Policy {
             allowed_binds,
             allowed_caps,
             allowed_volumes,
+            allowed_users,
             docker_sockets,
             ..Default::default()
         })
@@ -423,11 +434,7 @@ impl Policy {
                 || s.starts_with("mask=")
                 || matches!(
                     s.as_str(),
-                    "no-new-privileges"
-                        | "no-new-privileges=true"
-                        | "no-new-privileges:true"
-                        | "no-new-privileges=false"
-                        | "no-new-privileges:false"
+                    "no-new-privileges" | "no-new-privileges=true" | "no-new-privileges:true"
                 );
             if !ok {
                 return Err(refuse("--security-opt", s, "security-opt"));
@@ -561,9 +568,37 @@ impl Policy {
                 }
             }
         }
+        if let (Some((uid, gid)), Some(user)) = (self.caller, body.user.as_deref()) {
+            let (u, g) = user.split_once(':').unwrap_or((user, ""));
+            let own = u == uid.to_string() && (g.is_empty() || g == gid.to_string());
+            let listed = self
+                .allowed_users
+                .iter()
+                .any(|a| a == "*" || a == user || a == u);
+            if !own && !listed {
+                return Err(refuse(
+                    "--user/--userns",
+                    format!(
+                        "{user} (engine containers run as their caller, {uid}:{gid}, unless ARGUS_SHIM_ALLOWED_USERS names the user)"
+                    ),
+                    "users",
+                ));
+            }
+        }
         let Some(hc) = &body.host_config else {
             return Ok(());
         };
+        for g in hc.group_add.iter().flatten() {
+            let bad =
+                g == "0" || g == "root" || self.socket_gid.is_some_and(|s| g == &s.to_string());
+            if bad {
+                return Err(refuse(
+                    "--group-add",
+                    format!("{g} (the root group or the Docker socket's)"),
+                    "groups",
+                ));
+            }
+        }
         if let Gpus::List(have) = &self.gpus {
             for r in hc.device_requests.iter().flatten() {
                 for id in r.device_ids.iter().flatten() {
@@ -1438,6 +1473,57 @@ mod tests {
             "gpus"
         );
         assert!(check_in(&none, &["run", "--gpus", "all", "img"]).starts_with("translate"));
+    }
+
+    #[test]
+    fn engines_run_as_their_caller_without_privilege_gains() {
+        let run = |p: &Policy, argv: &[&str]| {
+            let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+            let Command::Run(o) = parse(&argv).unwrap() else {
+                panic!()
+            };
+            let ctx = Context {
+                uid: 1000,
+                gid: 100,
+                groups: vec![100, 999],
+                ..Default::default()
+            };
+            let plan = translate(&o, &ctx).unwrap();
+            let r = p
+                .check_run(&o, &plan)
+                .and_then(|()| p.check_body(&plan.body));
+            (rule_of(r), plan.body)
+        };
+        let mut p = strict();
+        p.caller = Some((1000, 100));
+        p.socket_gid = Some(999);
+        let (rule, body) = run(&p, &["run", "img"]);
+        assert_eq!(rule, "ok");
+        assert_eq!(body.user.as_deref(), Some("1000:100"));
+        let sec = body.host_config.unwrap().security_opt.unwrap();
+        assert!(sec.contains(&"no-new-privileges".to_string()), "{sec:?}");
+        for (argv, want) in [
+            (vec!["--user", "1000"], "ok"),
+            (vec!["--userns=keep-id"], "ok"),
+            (vec!["--user", "0"], "users"),
+            (vec!["-u", "root"], "users"),
+            (vec!["--userns=keep-id:uid=0,gid=0"], "users"),
+            (vec!["--group-add", "0"], "groups"),
+            (vec!["--group-add", "999"], "groups"),
+            (vec!["--group-add", "keep-groups"], "groups"),
+            (vec!["--group-add", "44"], "ok"),
+            (
+                vec!["--security-opt", "no-new-privileges=false"],
+                "security-opt",
+            ),
+        ] {
+            let mut full = vec!["run"];
+            full.extend(argv.iter().copied());
+            full.push("img");
+            assert_eq!(run(&p, &full).0, want, "{argv:?}");
+        }
+        p.allowed_users = vec!["0".into()];
+        assert_eq!(run(&p, &["run", "--user", "0", "img"]).0, "ok");
     }
 
     #[test]

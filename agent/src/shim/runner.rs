@@ -45,7 +45,7 @@ use super::{ShimError, EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND, EXIT_SHIM};
 /// Signals forwarded to the container by name (the docker CLI forwards all
 /// but SIGCHLD, SIGPIPE and the Go runtime's; these are the catchable ones
 /// that matter, SIGWINCH resizes a TTY instead).
-const FORWARDED: &[(i32, &str)] = &[
+pub(crate) const FORWARDED: &[(i32, &str)] = &[
     (libc::SIGTERM, "SIGTERM"),
     (libc::SIGINT, "SIGINT"),
     (libc::SIGHUP, "SIGHUP"),
@@ -232,9 +232,7 @@ async fn context(
         owner,
         shim_pid: pid,
         shim_start: docker::process_start(pid).unwrap_or(0),
-        groups: nix::unistd::getgroups()
-            .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
-            .unwrap_or_default(),
+        groups: super::caller_groups(),
         canonical,
         env_files,
     })
@@ -304,6 +302,14 @@ pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
     policy.resolve(me.as_ref(), |p| resolve(p).ok());
     policy.present_devices = present_devices(&o);
     policy.caller_ulimits = caller_ulimits();
+    policy.caller = Some((
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+    ));
+    policy.socket_gid = docker::socket_path(&docker::address()).and_then(|p| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).ok().map(|m| m.gid())
+    });
     let ctx = context(&docker, &o, me).await?;
     if !policy.relaxed {
         policy.owned_refs = owned_refs(&docker, &o, &ctx.owner).await?;

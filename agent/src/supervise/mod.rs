@@ -9,6 +9,7 @@
 
 pub mod backoff;
 pub mod exitwatch;
+pub mod privs;
 pub mod reaper;
 pub mod stop;
 pub mod tree;

@@ -36,6 +36,10 @@ pub fn run(flags: &Flags) -> Outcome {
     for w in warnings {
         warn!("{w}");
     }
+    // Nothing this agent starts may ptrace it or open its /proc/1/{root,fd,mem}.
+    if let Err(e) = argus::supervise::privs::make_non_dumpable() {
+        warn!(error = %e, "cannot make the agent non-dumpable");
+    }
     let (ip, source) = argus::netinfo::detect(cfg.node_ip)?;
     info!(node_ip = %ip, strategy = %source, "node ip chosen");
     std::fs::create_dir_all(&cfg.state_dir).map_err(|source| Error::StateDir {
@@ -66,7 +70,36 @@ pub fn run(flags: &Flags) -> Outcome {
             .or_else(|| std::env::var(k).ok()),
     });
     let path = shim_settings.write(&cfg.state_dir)?;
+    // A host node's owner id is created here, by the agent, not by the
+    // first podman call (which may run as a user that cannot write here).
+    if let Err(e) = argus::shim::owner::host_owner(&cfg.state_dir) {
+        warn!(error = %e, "cannot create this node's owner id");
+    }
     info!(path = %path.display(), "shim settings written");
+    // Only this process may reach Docker: Ray's podman calls come here.
+    let me = argus::supervise::privs::current_ids();
+    let ray = cfg.ray_user.as_ref().map_or(me, |u| (u.uid, u.gid));
+    for w in argus::shim::broker::socket_warnings(
+        std::env::var("DOCKER_HOST").ok().as_deref(),
+        ray.0,
+        ray.1,
+    ) {
+        warn!("{w}");
+    }
+    if ray == me && me.0 == 0 {
+        warn!("Ray runs as root with the agent's rights: set ARGUS_RAY_USER (the node image does) so that no Ray process can open the Docker socket");
+    }
+    let broker = argus::shim::broker::start(argus::shim::broker::BrokerConfig {
+        state_dir: cfg.state_dir.clone(),
+        settings: path,
+        allowed_uids: vec![me.0, ray.0],
+        owner: (ray != me && me.0 == 0).then_some(ray),
+    })
+    .map_err(|source| Error::StateDir {
+        path: cfg.state_dir.join(argus::shim::client::SOCKET),
+        source,
+    })?;
+    info!(socket = %broker.display(), ray_uid = ray.0, "podman calls are brokered by this agent");
     // Shim variables given as flags reach the shim through Ray's environment.
     node.add_ray_env(
         cfg.settings

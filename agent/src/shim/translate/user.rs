@@ -51,6 +51,11 @@ pub fn apply_user(
             }
         }
     }
+    // An engine container runs as its caller (the Ray user) unless a
+    // `--user` says otherwise (the policy's `users` rule decides which).
+    if user.is_none() {
+        *user = Some(format!("{}:{}", ctx.uid, ctx.gid));
+    }
     if !o.group_add.is_empty() {
         let mut groups = Vec::new();
         for g in &o.group_add {
@@ -82,8 +87,11 @@ pub fn apply_user(
             sec.push(s.clone());
         }
     }
-    if !sec.is_empty() {
-        hc.security_opt = Some(sec);
+    // Nothing in an engine container gains privileges through setuid files
+    // unless the job says so (and the policy allows it).
+    if !sec.iter().any(|s| s.starts_with("no-new-privileges")) {
+        sec.push("no-new-privileges".into());
     }
+    hc.security_opt = Some(sec);
     Ok(())
 }

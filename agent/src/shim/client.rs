@@ -1,0 +1,100 @@
+//! `podman` as Ray runs it under a node agent: a client of the agent.
+//!
+//! Only the agent (PID 1) may open the Docker socket, so the `podman` that
+//! Ray starts (as the Ray user) hands the call to it: its argv, working
+//! directory, environment and standard streams go over the agent's unix
+//! socket ([`super::transport`]); the signals it gets are relayed; it exits
+//! with the code the agent's side returns. To Ray it is exactly podman: the
+//! process it watches, signals and may SIGKILL (then the agent's side
+//! removes the container at once).
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::{SigSet, Signal};
+
+use super::runner::FORWARDED;
+use super::settings::DEFAULT_STATE_DIR;
+use super::transport::{self, Request, ToAgent, ToClient};
+use super::EXIT_SHIM;
+
+/// The agent's socket, in its state folder.
+pub const SOCKET: &str = "shim.sock";
+
+/// Returns where this node's agent listens: `$ARGUS_STATE_DIR/shim.sock`
+/// (the agent puts `ARGUS_STATE_DIR` in Ray's environment). A job that moves
+/// it only talks to a server of its own, which has no Docker socket.
+pub fn socket_path() -> PathBuf {
+    let dir = std::env::var("ARGUS_STATE_DIR").unwrap_or_else(|_| DEFAULT_STATE_DIR.into());
+    Path::new(&dir).join(SOCKET)
+}
+
+/// Runs the call through the node agent and returns its exit code; None
+/// when no agent listens here (the standalone shim runs the call itself).
+/// Must be called before any other thread exists (it blocks the relayed
+/// signals for the whole process).
+pub fn run(args: &[String]) -> Option<u8> {
+    let path = socket_path();
+    std::fs::symlink_metadata(&path).ok()?;
+    Some(match call(&path, args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            EXIT_SHIM
+        }
+    })
+}
+
+fn call(path: &Path, args: &[String]) -> Result<u8, String> {
+    let mut set = SigSet::empty();
+    for &(num, _) in FORWARDED {
+        if let Ok(sig) = Signal::try_from(num) {
+            set.add(sig);
+        }
+    }
+    set.add(Signal::SIGWINCH);
+    set.thread_block()
+        .map_err(|e| format!("cannot block signals: {e}"))?;
+    let sock = UnixStream::connect(path).map_err(|e| {
+        format!(
+            "cannot reach the node agent at {} ({e}); is argus-agent running as PID 1 of this container?",
+            path.display()
+        )
+    })?;
+    let lost = |e: std::io::Error| format!("lost the node agent at {}: {e}", path.display());
+    transport::send_fds(&sock, &[0, 1, 2]).map_err(lost)?;
+    let request = Request {
+        args: args.to_vec(),
+        cwd: std::env::current_dir()
+            .map(|d| d.display().to_string())
+            .unwrap_or_else(|_| "/".into()),
+        env: std::env::vars_os()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.to_string_lossy().into_owned(),
+                )
+            })
+            .collect(),
+    };
+    transport::send(&sock, &request).map_err(lost)?;
+    let relay = sock.try_clone().map_err(lost)?;
+    std::thread::spawn(move || {
+        while let Ok(sig) = set.wait() {
+            if transport::send(&relay, &ToAgent::Signal(sig as i32)).is_err() {
+                return;
+            }
+        }
+    });
+    match transport::recv::<ToClient>(&sock) {
+        Ok(answer) => {
+            if let Some(e) = answer.error {
+                eprintln!("Error: {e}");
+            }
+            Ok(answer.code)
+        }
+        Err(e) => Err(format!(
+            "the node agent ended the call without an exit code ({e})"
+        )),
+    }
+}

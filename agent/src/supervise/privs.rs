@@ -1,0 +1,188 @@
+//! Privileges shrink down the process tree.
+//!
+//! PID 1 may hold what only it needs (the right to open the Docker socket:
+//! root in the container) and is not dumpable, so nothing it starts can
+//! ptrace it or open its `/proc/1/{root,fd,mem}`. What it starts (`ray
+//! start` and its whole tree, the pre-start hook) runs as the Ray user
+//! (`ARGUS_RAY_USER`) with no supplementary groups, no capabilities, and
+//! `no_new_privs`, so a setuid file planted through a shared folder gives
+//! nothing.
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The user Ray's tree runs as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RayUser {
+    pub uid: u32,
+    pub gid: u32,
+    /// From the passwd entry, when there is one: `HOME`, `USER`, `LOGNAME`.
+    pub name: Option<String>,
+    pub home: Option<PathBuf>,
+}
+
+impl RayUser {
+    /// Parses `name`, `uid`, `uid:gid` or `name:group` (the group by name
+    /// or id); a name is looked up in the passwd/group files. Returns why not.
+    pub fn parse(spec: &str) -> Result<RayUser, String> {
+        use nix::unistd::{Group, Uid, User};
+        let (u, g) = match spec.split_once(':') {
+            Some((u, g)) => (u.trim(), Some(g.trim())),
+            None => (spec.trim(), None),
+        };
+        if u.is_empty() || g.is_some_and(str::is_empty) {
+            return Err("expected user, uid, uid:gid or user:group".into());
+        }
+        let entry = match u.parse::<u32>() {
+            Ok(uid) => User::from_uid(Uid::from_raw(uid)).ok().flatten(),
+            Err(_) => Some(
+                User::from_name(u)
+                    .map_err(|e| format!("cannot read the user database: {e}"))?
+                    .ok_or_else(|| format!("no user {u:?} in this image"))?,
+            ),
+        };
+        let uid = match (u.parse::<u32>(), &entry) {
+            (Ok(uid), _) => uid,
+            (Err(_), Some(e)) => e.uid.as_raw(),
+            (Err(_), None) => return Err(format!("no user {u:?} in this image")),
+        };
+        let gid = match (g, &entry) {
+            (Some(g), _) => match g.parse::<u32>() {
+                Ok(gid) => gid,
+                Err(_) => Group::from_name(g)
+                    .map_err(|e| format!("cannot read the group database: {e}"))?
+                    .ok_or_else(|| format!("no group {g:?} in this image"))?
+                    .gid
+                    .as_raw(),
+            },
+            (None, Some(e)) => e.gid.as_raw(),
+            (None, None) => {
+                return Err(format!(
+                    "uid {uid} has no passwd entry: give its group as {uid}:GID"
+                ))
+            }
+        };
+        Ok(RayUser {
+            uid,
+            gid,
+            name: entry.as_ref().map(|e| e.name.clone()),
+            home: entry.map(|e| e.dir),
+        })
+    }
+
+    /// Returns true if and only if this is the agent's own user (nothing to
+    /// drop).
+    pub fn is_current(&self) -> bool {
+        self.uid == nix::unistd::geteuid().as_raw() && self.gid == nix::unistd::getegid().as_raw()
+    }
+}
+
+/// Returns this process's effective uid and gid.
+pub fn current_ids() -> (u32, u32) {
+    (
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    )
+}
+
+/// Makes the child of `cmd` run as `user` (when given and not the agent's
+/// own) with no supplementary groups, and with `no_new_privs` in any case.
+/// Sets `HOME`, `USER` and `LOGNAME` from the user's passwd entry.
+pub fn confine(cmd: &mut Command, user: Option<&RayUser>) {
+    let drop_to = user.filter(|u| !u.is_current()).map(|u| (u.uid, u.gid));
+    if let Some(u) = user.filter(|u| !u.is_current()) {
+        if let Some(home) = &u.home {
+            cmd.env("HOME", home);
+        }
+        if let Some(name) = &u.name {
+            cmd.env("USER", name).env("LOGNAME", name);
+        }
+    }
+    // SAFETY: the closure calls only setgroups, setresgid, setresuid and
+    // prctl, which are async-signal-safe system calls.
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some((uid, gid)) = drop_to {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(gid, gid, gid) != 0
+                    || libc::setresuid(uid, uid, uid) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Makes this process non-dumpable: processes of other users, and of its
+/// own user without `CAP_SYS_PTRACE`, can neither ptrace it nor open its
+/// `/proc/<pid>/{root,fd,mem,environ}`.
+pub fn make_non_dumpable() -> io::Result<()> {
+    // SAFETY: prctl with these arguments only changes a flag of this process.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// What a user may do with a unix socket file, judged from its owner, group
+/// and mode (the kernel's rule for `connect`: write permission).
+pub fn can_connect(meta: &std::fs::Metadata, uid: u32, gids: &[u32]) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let mode = meta.mode();
+    if uid == 0 {
+        return true;
+    }
+    if meta.uid() == uid {
+        return mode & 0o200 != 0;
+    }
+    if gids.contains(&meta.gid()) {
+        return mode & 0o020 != 0;
+    }
+    mode & 0o002 != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_specs_parse_by_id_and_name() {
+        assert_eq!(
+            RayUser::parse("1000:100").map(|u| (u.uid, u.gid)),
+            Ok((1000, 100))
+        );
+        let root = RayUser::parse("root").unwrap();
+        assert_eq!((root.uid, root.gid), (0, 0));
+        assert_eq!(root.home, Some(PathBuf::from("/root")));
+        assert_eq!(RayUser::parse("0").map(|u| u.gid), Ok(0));
+        assert!(RayUser::parse("no-such-user-argus").is_err());
+        assert!(RayUser::parse("root:no-such-group-argus").is_err());
+        assert!(RayUser::parse(":1").is_err());
+        assert!(RayUser::parse("4242").unwrap_err().contains("4242:GID"));
+    }
+
+    #[test]
+    fn socket_access_follows_owner_group_and_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("s");
+        std::fs::write(&f, "").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o660)).unwrap();
+        let meta = std::fs::metadata(&f).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let (owner, group) = (meta.uid(), meta.gid());
+        assert!(can_connect(&meta, 0, &[]));
+        assert!(can_connect(&meta, owner, &[]) || owner == 0);
+        assert!(can_connect(&meta, 4242, &[group]));
+        assert!(!can_connect(&meta, 4242, &[4243]));
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(can_connect(&std::fs::metadata(&f).unwrap(), 4242, &[]));
+    }
+}

@@ -1,0 +1,123 @@
+//! Privilege separation, from the attacker's side, on this machine: an
+//! agent running as root with `ARGUS_RAY_USER` runs Ray's tree (the fake
+//! ray and its "worker") as that user, with no groups, no capabilities and
+//! `no_new_privs`; the worker cannot open the Docker socket, ptrace or read
+//! the agent's `/proc` files, nor gain root from a setuid file planted in a
+//! shared folder; and its `podman` still works, through the agent.
+
+mod shim_support;
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use serde_json::Value;
+use shim_support::{image, BIN};
+use support::{Agent, Sandbox};
+
+/// The Ray user of these tests: `nobody`, which has no access to the
+/// Docker socket (root:docker 0660 on this machine).
+const RAY_USER: &str = "65534:65534";
+
+/// What the worker tries, as a Python program printing one JSON object.
+const WORKER: &str = r#"
+import json, os, socket, subprocess, sys
+out = {}
+st = open("/proc/self/status").read()
+field = lambda n: [l.split(":", 1)[1].split() for l in st.splitlines() if l.startswith(n + ":")][0]
+out["uid"] = field("Uid")[0]
+out["groups"] = field("Groups")
+out["no_new_privs"] = field("NoNewPrivs")[0]
+out["cap_eff"] = field("CapEff")[0]
+def attempt(f):
+    try:
+        f()
+        return "ok"
+    except Exception as e:
+        return type(e).__name__
+out["docker_socket"] = attempt(lambda: socket.socket(socket.AF_UNIX).connect("/var/run/docker.sock"))
+def parent(pid):
+    stat = open(f"/proc/{pid}/stat").read()
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+agent = parent(os.getpid())
+while not open(f"/proc/{agent}/cmdline").read().split("\0")[0].endswith("argus-agent"):
+    agent = parent(agent)
+out["agent_pid"] = agent
+out["agent_environ"] = attempt(lambda: open(f"/proc/{agent}/environ").read())
+out["agent_root"] = attempt(lambda: os.listdir(f"/proc/{agent}/root/"))
+out["agent_fd"] = attempt(lambda: os.listdir(f"/proc/{agent}/fd"))
+r = subprocess.run([os.environ["PLANTED"], "-u"], capture_output=True, text=True)
+out["setuid_euid"] = r.stdout.strip()
+r = subprocess.run([os.environ["PODMAN"], "run", "--rm", os.environ["IMG"], "/bin/tool", "id"], capture_output=True, text=True)
+out["podman"] = {"code": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
+print(json.dumps(out))
+"#;
+
+#[test]
+fn rays_tree_is_confined_and_podman_goes_through_the_agent() {
+    let img = image();
+    let sb = Sandbox::new();
+    // The fake ray and its worker run as nobody: let them write here.
+    for d in [sb.path().to_path_buf(), sb.shared(), sb.bindir()] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    }
+    let bindir = sb.path().join("podman-bin");
+    std::fs::create_dir_all(&bindir).unwrap();
+    std::os::unix::fs::symlink(BIN, bindir.join("podman")).unwrap();
+    // What an engine container running as root can leave in a shared
+    // folder: a setuid-root copy of `id`.
+    let planted = sb.shared().join("rs");
+    std::fs::copy("/usr/bin/id", &planted).unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    // Control: without no_new_privs the planted file does give root.
+    let o = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&planted)
+        .arg("-u")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "0",
+        "the planted setuid file should give euid 0 without no_new_privs: {o:?}"
+    );
+    let script = sb.path().join("worker.py");
+    std::fs::write(&script, WORKER).unwrap();
+    let out = sb.path().join("worker.json");
+    let mut env = sb.env("head", "head");
+    env.insert("ARGUS_RAY_USER".into(), RAY_USER.into());
+    env.insert(
+        "FAKE_RAY_RUN".into(),
+        format!("python3 {}", script.display()),
+    );
+    env.insert("FAKE_RAY_RUN_OUT".into(), out.display().to_string());
+    env.insert("PLANTED".into(), planted.display().to_string());
+    env.insert("PODMAN".into(), bindir.join("podman").display().to_string());
+    env.insert("IMG".into(), img.to_string());
+    let mut agent = Agent::start(&sb, "head", &env);
+    agent.wait_for("the worker's report", Duration::from_secs(120), |_| {
+        out.exists()
+    });
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let w: Value = serde_json::from_str(r["stdout"].as_str().unwrap_or("null"))
+        .unwrap_or_else(|e| panic!("{e}: worker said {r}"));
+    eprintln!("worker: {w}");
+    agent.signal(libc::SIGTERM);
+    agent.wait_exit(Duration::from_secs(30));
+    assert_eq!(w["agent_pid"], agent.pid(), "{w}");
+    assert_eq!(w["uid"], "65534", "{w}");
+    assert_eq!(w["groups"], serde_json::json!([]), "{w}");
+    assert_eq!(w["no_new_privs"], "1", "{w}");
+    assert_eq!(w["cap_eff"], "0000000000000000", "{w}");
+    assert_eq!(w["docker_socket"], "PermissionError", "{w}");
+    for f in ["agent_environ", "agent_root", "agent_fd"] {
+        assert_eq!(w[f], "PermissionError", "{f}: {w}");
+    }
+    assert_eq!(
+        w["setuid_euid"], "65534",
+        "the planted setuid file gave root: {w}"
+    );
+    // Through the agent, podman works, and the engine runs as the caller.
+    assert_eq!(w["podman"]["code"], 0, "{w}");
+    assert_eq!(w["podman"]["stdout"], "65534:65534\n", "{w}");
+}
