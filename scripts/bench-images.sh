@@ -20,7 +20,6 @@ die() { log "error: $*"; exit 1; }
 if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
 export ARGUS_NODE_IMAGE=${ARGUS_NODE_IMAGE:-argus/argus-ray-node:dev}
 BASE_IMAGE=${BASE_IMAGE:-argus/ray-base:2.53.0-py311}
-export ARGUS_DOCKER_GID=${ARGUS_DOCKER_GID:-$(stat -c %g /var/run/docker.sock)}
 export ARGUS_DASHBOARD_HOST_PORT=${ARGUS_DASHBOARD_HOST_PORT:-18266}
 export ARGUS_MODEL_CACHE=${ARGUS_MODEL_CACHE:-/tmp/argus-models}
 mkdir -p "$ARGUS_MODEL_CACHE"
@@ -37,7 +36,7 @@ alive_ids() {
   local head
   head=$(dc ps -q head 2>/dev/null) || return 0
   [ -n "$head" ] || return 0
-  docker exec -i "$head" timeout 60 python - <docker/tools/ray_nodes.py 2>/dev/null \
+  docker exec -u ray -i "$head" timeout 60 python - <docker/tools/ray_nodes.py 2>/dev/null \
     | python3 -c 'import json,sys; [print(n["id"]) for n in json.load(sys.stdin)["nodes"] if n["alive"]]' 2>/dev/null || true
 }
 

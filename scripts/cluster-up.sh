@@ -16,7 +16,8 @@
 #     else compiled in the Rust build stage. ARGUS_PREBUILT=0|1 forces one.
 #   - compose: `docker compose` (v2) if present, else `docker-compose` (v1).
 # Host preparation: ARGUS_MODEL_CACHE (/tmp/argus-models) is created;
-# ARGUS_DOCKER_GID is read off /var/run/docker.sock. Everything else:
+# the node needs no group of the Docker socket (only its agent, root, opens
+# it). Everything else:
 # docker-compose.yaml's header.
 # Stop it with: docker compose down -v   (or docker-compose down -v; with
 # --gcs-ft add --remove-orphans, or give both -f files, to remove the Redis)
@@ -62,7 +63,6 @@ official=rayproject/ray:${RAY_VERSION}-py311
 export ARGUS_NODE_IMAGE=${ARGUS_NODE_IMAGE:-argus/argus-ray-node:${ARGUS_VERSION:-dev}}
 export ARGUS_REDIS_IMAGE=${ARGUS_REDIS_IMAGE:-argus/argus-redis:${ARGUS_VERSION:-dev}}
 export ARGUS_MODEL_CACHE=${ARGUS_MODEL_CACHE:-/tmp/argus-models}
-export ARGUS_DOCKER_GID=${ARGUS_DOCKER_GID:-$(stat -c %g /var/run/docker.sock)}
 
 if [ $build = 1 ]; then
   if [ -z "${ARGUS_BASE_IMAGE:-}" ]; then
@@ -95,7 +95,7 @@ head=$("${compose[@]}" ps -q head)
 deadline=$(( $(date +%s) + ${ARGUS_UP_TIMEOUT_S:-300} ))
 log "waiting for 3 alive Ray nodes (up to ${ARGUS_UP_TIMEOUT_S:-300} s)"
 while :; do
-  out=$(docker exec -i "$head" python - <docker/tools/ray_nodes.py 2>/dev/null || true)
+  out=$(docker exec -u ray -i "$head" python - <docker/tools/ray_nodes.py 2>/dev/null || true)
   alive=$(printf '%s' "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["alive"])' 2>/dev/null || echo 0)
   if [ "$alive" -ge 3 ]; then
     [ "$gcs_ft" = 1 ] && log "GCS fault tolerance on: Redis service 'redis' (docker-compose.gcs-ft.yaml)"

@@ -86,7 +86,6 @@ class Cluster:
         self.env.update(
             ARGUS_NODE_IMAGE=opts.node_image,
             ARGUS_MODEL_CACHE=self.cache,
-            ARGUS_DOCKER_GID=str(os.stat("/var/run/docker.sock").st_gid),
             ARGUS_DASHBOARD_HOST_PORT=str(opts.dashboard_port),
             ARGUS_TTL_S=str(opts.ttl_s),
             ARGUS_REFRESH_S=str(opts.refresh_s),
@@ -123,7 +122,7 @@ class Cluster:
 
     def ray_nodes(self):
         with open(os.path.join(REPO, "docker/tools/ray_nodes.py")) as f:
-            rc, out, err = self.exec("head", "timeout", "60", "python", "-", stdin=f, timeout=90)
+            rc, out, err = self.exec("head", "timeout", "60", "python", "-", stdin=f, timeout=90, user="ray")
         if rc != 0:
             return None, err.strip().splitlines()[-1:] or [f"exit {rc}"]
         return json.loads(out), None
@@ -287,7 +286,7 @@ class Soak:
         c = self.c
         script = job_script(self.o.engine_image, c.cache, "sleep")
         driver = subprocess.Popen(
-            ["docker", "exec", c.ids["head"], "python", "-c", script],
+            ["docker", "exec", "-u", "ray", c.ids["head"], "python", "-c", script],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         try:
@@ -318,7 +317,7 @@ class Soak:
         rc, out, err = self.c.exec(
             "head", "timeout", str(self.o.task_timeout_s), "python", "-c",
             job_script(self.o.engine_image, self.c.cache, "probe"),
-            timeout=self.o.task_timeout_s + 30,
+            timeout=self.o.task_timeout_s + 30, user="ray",
         )
         try:
             r = json.loads(out.strip().splitlines()[-1])

@@ -230,14 +230,10 @@ impl Cluster {
             y.push_str(&format!("  {s}:\n{hc}"));
         }
         std::fs::write(&override_file, y).unwrap();
-        let docker_gid = std::fs::metadata("/var/run/docker.sock")
-            .map(|m| std::os::unix::fs::MetadataExt::gid(&m).to_string())
-            .unwrap_or_else(|_| "0".into());
         let mut env: Vec<(String, String)> = [
             ("ARGUS_NODE_IMAGE", node_image()),
             ("ARGUS_REDIS_IMAGE", redis_image()),
             ("ARGUS_MODEL_CACHE", model_cache.display().to_string()),
-            ("ARGUS_DOCKER_GID", docker_gid),
             ("ARGUS_DASHBOARD_HOST_PORT", free_port().to_string()),
             ("ARGUS_TTL_S", "6".into()),
             ("ARGUS_REFRESH_S", "2".into()),
@@ -313,7 +309,9 @@ impl Cluster {
         let script = workspace_root().join("docker/tools/ray_nodes.py");
         let head = self.container("head");
         let out = Command::new("docker")
-            .args(["exec", "-i", &head, "timeout", "60", "python", "-"])
+            .args([
+                "exec", "-u", "ray", "-i", &head, "timeout", "60", "python", "-",
+            ])
             .stdin(std::fs::File::open(script).unwrap())
             .output()
             .map_err(|e| e.to_string())?;
@@ -610,6 +608,8 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
             let child = Command::new("docker")
                 .args([
                     "exec",
+                    "-u",
+                    "ray",
                     "-i",
                     &c.container("head"),
                     "timeout",
@@ -655,6 +655,8 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
     let script = job_script(&engine_image("stub-b"), &cache, mount, "uri");
     let out = output(Command::new("docker").args([
         "exec",
+        "-u",
+        "ray",
         &c.container("head"),
         "timeout",
         "600",
@@ -676,10 +678,21 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
         (Some(42), Some("stub-b"))
     );
 
+    jobs_reach_no_docker_daemon(&c, &engine_image("stub-b"));
+
     // SIGKILL of the Ray worker (the shim process) -> its engine container goes.
     let script = job_script(&engine_image("stub-a"), &cache, mount, "sleep");
     let mut driver = Command::new("docker")
-        .args(["exec", "-i", &c.container("head"), "python", "-c", &script])
+        .args([
+            "exec",
+            "-u",
+            "ray",
+            "-i",
+            &c.container("head"),
+            "python",
+            "-c",
+            &script,
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -956,6 +969,8 @@ impl Cluster {
         loop {
             let out = output(Command::new("docker").args([
                 "exec",
+                "-u",
+                "ray",
                 &self.container("head"),
                 "timeout",
                 "90",
@@ -1002,6 +1017,128 @@ else:
     actor = ray.get_actor("ride-through")
 print(json.dumps(ray.get(actor.incr.remote(), timeout=60)))
 "#;
+
+/// Privilege separation from the attacker's side: a driver, a plain task and
+/// a task in an engine image (`image_uri` and `container`) each try every
+/// route to the Docker daemon (tests/fixtures/attack/reach_docker.py: the
+/// socket paths, `/proc/*/root/...`, `/proc/*/fd/*`, ptrace of root's
+/// processes, podman with `DOCKER_HOST`/shim settings in its environment,
+/// symlinks and `..` in binds); none gets an answer. The control: the same
+/// program as root in a worker (`docker exec`) does.
+fn jobs_reach_no_docker_daemon(c: &Cluster, image: &str) {
+    let attack = include_str!("fixtures/attack/reach_docker.py");
+    let report = |o: &Output, who: &str| -> Value {
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{who}: the attack program failed\n--- stdout\n{stdout}\n--- stderr\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_str(stdout.lines().last().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{who}: {e}: {stdout}"))
+    };
+    // Control: root in a worker container reaches the daemon.
+    let worker = c.container("worker-1");
+    let r = report(
+        &with_stdin(&["exec", "-i", &worker, "python", "-"], attack),
+        "control",
+    );
+    log(&format!("attack control (root in a worker): {r}"));
+    assert!(
+        !r["answers"].as_array().unwrap().is_empty(),
+        "the attack program found no daemon even as root: it could not fail: {r}"
+    );
+    // The attacker: a driver on the head, as the Ray user ...
+    let head = c.container("head");
+    let r = report(
+        &with_stdin(
+            &[
+                "exec",
+                "-u",
+                "ray",
+                "-e",
+                &format!("ATTACK_IMAGE={image}"),
+                "-i",
+                &head,
+                "python",
+                "-",
+            ],
+            attack,
+        ),
+        "driver",
+    );
+    log(&format!("attack from a driver: {r}"));
+    assert_eq!(
+        r["answers"],
+        serde_json::json!([]),
+        "a driver reached the daemon: {r}"
+    );
+    assert!(r["tried"].as_u64().unwrap() >= 10, "{r}");
+    // ... and tasks: plain, and in the engine image in both forms.
+    let driver = format!(
+        r#"
+import contextlib, io, json, os, socket
+import ray
+ATTACK = {attack}
+IMG = "{image}"
+ip = socket.gethostbyname(socket.gethostname())
+ray.init(address=f"{{ip}}:{{os.environ.get('ARGUS_RAY_PORT', '6379')}}", log_to_driver=False)
+def run_attack():
+    import contextlib, io, json, os
+    os.environ["ATTACK_IMAGE"] = IMG
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(compile(ATTACK, "reach_docker.py", "exec"), {{"__name__": "__main__"}})
+    return json.loads(buf.getvalue().strip().splitlines()[-1])
+out = {{}}
+for name, env in [("plain", None), ("image_uri", {{"image_uri": IMG}}), ("container", {{"container": {{"image": IMG}}}})]:
+    opts = dict(resources={{"worker_node": 1}})
+    if env:
+        opts["runtime_env"] = env
+    out[name] = ray.get(ray.remote(**opts)(run_attack).remote(), timeout=600)
+print(json.dumps(out))
+"#,
+        attack = serde_json::to_string(attack).unwrap()
+    );
+    let r = report(
+        &with_stdin(
+            &[
+                "exec", "-u", "ray", "-i", &head, "timeout", "900", "python", "-",
+            ],
+            &driver,
+        ),
+        "tasks",
+    );
+    for form in ["plain", "image_uri", "container"] {
+        log(&format!("attack from a {form} task: {}", r[form]));
+        assert_eq!(
+            r[form]["answers"],
+            serde_json::json!([]),
+            "a {form} task reached the daemon: {}",
+            r[form]
+        );
+        assert!(r[form]["tried"].as_u64().unwrap_or(0) >= 5, "{}", r[form]);
+    }
+}
+
+/// Runs `docker ARGS` with `input` on its stdin; returns its output.
+fn with_stdin(args: &[&str], input: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("docker");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
 
 /// Returns a driver program (run in the head) with one task in an engine
 /// container: `probe` prints engine info, the answer and the model file as
