@@ -9,13 +9,19 @@
 //! without cleaning up, and every container is labelled with its owner so
 //! the node agent's janitor can sweep what is left (R-SHIM-4).
 //!
-//! Layout: [`args`] parses, [`translate`] maps podman meaning onto Docker
-//! (one submodule per group of flags),
-//! [`policy`] refuses dangerous requests, [`selfid`] finds the Ray container
-//! and maps its paths to the host, [`labels`] names the container labels,
-//! [`runner`] drives `run`, [`cmds`] the other subcommands, [`janitor`]
-//! sweeps, [`watchdog`] outlives a killed shim. Only `runner`, `cmds`,
-//! `janitor`, `watchdog` and `docker` touch the socket.
+//! Layout, in the order a call goes through it: [`client`] (the `podman`
+//! Ray runs, under a node agent) -> [`transport`] (the agent's unix socket:
+//! streams, request, signals, exit code) -> [`broker`] (PID 1 accepts and
+//! spawns) -> [`handler`] (one process per call, with the caller's
+//! identity) -> [`args`] parses -> [`settings`] (the node's, not the
+//! caller's) -> [`resolve`] (bind sources, link by link) -> [`translate`]
+//! maps podman meaning onto Docker (one submodule per group of flags) ->
+//! [`policy`] refuses dangerous requests -> [`runner`] drives `run`,
+//! [`cmds`] the other subcommands, over [`docker`]. Beside them:
+//! [`selfid`] finds the Ray container and maps its paths to the host,
+//! [`labels`] and [`owner`] name the containers, [`janitor`] sweeps,
+//! [`watchdog`] outlives a killed handler. Without a node agent (tests, a
+//! person on a host) the shim runs the call in-process from `args` on.
 
 pub mod args;
 pub mod broker;
