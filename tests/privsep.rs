@@ -121,3 +121,39 @@ fn rays_tree_is_confined_and_podman_goes_through_the_agent() {
     assert_eq!(w["podman"]["code"], 0, "{w}");
     assert_eq!(w["podman"]["stdout"], "65534:65534\n", "{w}");
 }
+
+#[test]
+fn ray_user_settings_are_checked_before_anything_starts() {
+    let sb = Sandbox::new();
+    let env = sb.env("head", "head");
+    for (user, as_nobody, why) in [
+        ("no-such-user-argus", false, "no user"),
+        ("4242", false, "4242:GID"),
+        ("root:no-such-group-argus", false, "no group"),
+        // An agent that is not root cannot run Ray as another user.
+        ("0", true, "not root"),
+    ] {
+        let mut cmd = if as_nobody {
+            let mut c = std::process::Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN]);
+            c
+        } else {
+            std::process::Command::new(BIN)
+        };
+        let o = cmd
+            .arg("config")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(&env)
+            .env("ARGUS_RAY_USER", user)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(78), "{user}: {err}");
+        assert!(
+            err.contains("ARGUS_RAY_USER") && err.contains(why),
+            "{user}: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "{user}: {err}");
+    }
+}
