@@ -82,6 +82,13 @@ trap 'kill $agent 2>/dev/null; wait $agent 2>/dev/null; rm -rf "$tmp"' EXIT
 for _ in $(seq 100); do [[ -S $node/state/shim.sock ]] && break; sleep 0.1; done
 [[ -S $node/state/shim.sock ]] || { echo "bench-shim: the agent's broker did not come up" >&2; cat "$node/agent.log" >&2; exit 1; }
 rss() { awk '/^VmRSS/ {print $2}' "/proc/$agent/status"; }
+time_us() {
+    local t0 t1
+    t0=$(date +%s%N)
+    "$@" >/dev/null
+    t1=$(date +%s%N)
+    echo $(((t1 - t0) / 1000))
+}
 sleep 1
 rss_idle=$(rss)
 ARGUS_STATE_DIR=$node/state "$tmp/podman" run --rm "$image" true >/dev/null
@@ -92,11 +99,24 @@ for ((i = 0; i < runs; i++)); do
     ARGUS_STATE_DIR=$node/state time_ms "$tmp/podman" run --rm "$image" true >>"$tmp/broker"
     ARGUS_STATE_DIR=$node/none time_ms "$tmp/podman" run --rm "$image" true >>"$tmp/direct"
 done
+# The broker's own cost, without a container's life around it: `version`
+# (one daemon request), many more runs.
+: >"$tmp/broker_v"
+: >"$tmp/direct_v"
+for ((i = 0; i < 4 * runs; i++)); do
+    ARGUS_STATE_DIR=$node/state time_us "$tmp/podman" version >>"$tmp/broker_v"
+    ARGUS_STATE_DIR=$node/none time_us "$tmp/podman" version >>"$tmp/direct_v"
+done
 sleep 1
 rss_after=$(rss)
 broker=$(median <"$tmp/broker")
 direct=$(median <"$tmp/direct")
 echo "in-process podman run --rm: median ${direct} ms  (all: $(tr '\n' ' ' <"$tmp/direct"))"
 echo "brokered   podman run --rm: median ${broker} ms  (all: $(tr '\n' ' ' <"$tmp/broker"))"
-echo "broker cost:               $(awk -v a="$broker" -v b="$direct" 'BEGIN {printf "%+.1f", a - b}') ms per call (median difference)"
+echo "broker cost:               $(awk -v a="$broker" -v b="$direct" 'BEGIN {printf "%+.1f", a - b}') ms per call (difference of the medians); median of the paired differences: $(paste "$tmp/broker" "$tmp/direct" | awk '{print $1 - $2}' | median) ms"
+broker_v=$(median <"$tmp/broker_v")
+direct_v=$(median <"$tmp/direct_v")
+echo "in-process podman version:  median ${direct_v} us over $((4 * runs)) runs"
+echo "brokered   podman version:  median ${broker_v} us"
+echo "broker fixed cost:         $(awk -v a="$broker_v" -v b="$direct_v" 'BEGIN {printf "%+.1f", (a - b) / 1000}') ms per call (connect, handler process, streams)"
 echo "agent RSS:                 ${rss_idle} KiB idle with the broker listening, ${rss_after} KiB after $((runs + 1)) brokered calls"

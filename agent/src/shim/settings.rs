@@ -162,20 +162,25 @@ pub fn locate() -> Source {
 
 /// Makes the node's settings the ones in force for this process: sets (or
 /// removes) each of [`VARIABLES`] in its environment to the node's value.
-/// Returns the variables whose caller value was overridden.
+/// Returns the variables the caller had set to another value (a caller
+/// without one is simply given the node's).
 ///
 /// Must be called while the process has one thread (the shim's start,
 /// before the watchdog and the runtime): the environment is not
 /// thread-safe.
 pub fn apply(node: &NodeSettings) -> Vec<&'static str> {
     let differ = node.differences(|k| std::env::var(k).ok());
+    let mut overridden = Vec::new();
     for &k in &differ {
+        if std::env::var_os(k).is_some() {
+            overridden.push(k);
+        }
         match node.values.get(k) {
             Some(v) => std::env::set_var(k, v),
             None => std::env::remove_var(k),
         }
     }
-    differ
+    overridden
 }
 
 /// Returns the nearest ancestor that runs this same executable as a node
