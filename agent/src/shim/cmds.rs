@@ -213,92 +213,9 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
     let docker = docker::connect().await?;
     match cmd {
         Command::Run(_) | Command::ShortVersion | Command::Help => unreachable!("handled above"),
-        Command::Version { format } => {
-            let v = docker
-                .version()
-                .await
-                .map_err(ShimError::docker("read daemon version"))?;
-            let value = json!({
-                "Client": {
-                    "APIVersion": PODMAN_VERSION, "Version": PODMAN_VERSION, "GoVersion": v.go_version,
-                    "GitCommit": "", "BuiltTime": "", "Built": 0,
-                    "OsArch": format!("{}/{}", v.os.clone().unwrap_or_default(), v.arch.clone().unwrap_or_default()),
-                    "Os": v.os,
-                },
-                "Server": {
-                    "Engine": "Docker Engine (through argus-agent's podman shim)",
-                    "Version": v.version, "APIVersion": v.api_version,
-                },
-            });
-            match format.as_deref() {
-                Some("json") => print_json(&value),
-                Some(f) => println!("{}", render(f, &value)),
-                None => {
-                    let c = &value["Client"];
-                    println!("Client:       Podman Engine");
-                    println!("Version:      {PODMAN_VERSION}");
-                    println!("API Version:  {PODMAN_VERSION}");
-                    println!("Go Version:   {}", c["GoVersion"].as_str().unwrap_or(""));
-                    println!("OS/Arch:      {}", c["OsArch"].as_str().unwrap_or(""));
-                    println!();
-                    println!("Server:       Docker Engine");
-                    println!(
-                        "Version:      {}",
-                        value["Server"]["Version"].as_str().unwrap_or("")
-                    );
-                    println!(
-                        "API Version:  {}",
-                        value["Server"]["APIVersion"].as_str().unwrap_or("")
-                    );
-                }
-            }
-            Ok(0)
-        }
-        Command::Info { format } => {
-            let i = docker
-                .info()
-                .await
-                .map_err(ShimError::docker("read daemon info"))?;
-            let value = json!({
-                "host": {
-                    "arch": i.architecture, "os": i.os_type, "kernel": i.kernel_version,
-                    "hostname": i.name, "cgroupManager": i.cgroup_driver,
-                    "cgroupVersion": i.cgroup_version.map(|v| format!("v{v}")),
-                    "ociRuntime": {"name": i.default_runtime},
-                    "security": {"rootless": false},
-                    "cpus": i.ncpu, "memTotal": i.mem_total,
-                },
-                "store": {
-                    "graphDriverName": i.driver, "graphRoot": i.docker_root_dir,
-                    "imageStore": {"number": i.images},
-                    "containerStore": {
-                        "number": i.containers, "running": i.containers_running,
-                        "paused": i.containers_paused, "stopped": i.containers_stopped,
-                    },
-                },
-                "registries": {},
-                "version": {"Version": PODMAN_VERSION, "APIVersion": PODMAN_VERSION},
-            });
-            match format.as_deref() {
-                Some(f) if f != "json" => println!("{}", render(f, &value)),
-                _ => print_json(&value),
-            }
-            Ok(0)
-        }
-        Command::Pull { quiet, image } => {
-            // The allow-list holds for pulls too: a pulled image is one
-            // `--pull=never` away from running, and pulls cost the host disk.
-            if !Policy::from_env(|k| std::env::var(k).ok())?.image_allowed(&image) {
-                return Err(PolicyError::Image { image }.into());
-            }
-            runner::pull(&docker, &image, quiet).await?;
-            let i = docker
-                .inspect_image(&image)
-                .await
-                .map_err(ShimError::docker(format!("inspect image {image}")))?;
-            println!("{}", strip_sha(&i.id.unwrap_or_default()));
-            Ok(0)
-        }
+        Command::Version { format } => version(&docker, format).await,
+        Command::Info { format } => info(&docker, format).await,
+        Command::Pull { quiet, image } => pull(&docker, quiet, image).await,
         Command::ImageExists(name) => match docker.inspect_image(&name).await {
             Ok(_) => Ok(0),
             Err(e) if is_not_found(&e) => Ok(1),
@@ -312,57 +229,12 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
                 Err(e) => Err(e),
             }
         }
-        Command::ImageInspect { format, names } => {
-            let mut items = Vec::new();
-            for n in &names {
-                match docker.inspect_image(n).await {
-                    Ok(i) => items.push(image_value(serde_json::to_value(i).unwrap_or_default())),
-                    Err(e) if is_not_found(&e) => {
-                        print_items(format.as_deref(), &items);
-                        eprintln!("Error: {n}: image not known");
-                        return Ok(125);
-                    }
-                    Err(e) => return Err(ShimError::docker(format!("inspect image {n}"))(e)),
-                }
-            }
-            print_items(format.as_deref(), &items);
-            Ok(0)
-        }
+        Command::ImageInspect { format, names } => image_inspect(&docker, format, names).await,
         Command::Inspect {
             format,
             kind,
             names,
-        } => {
-            let s = scope(&docker).await?;
-            let mut items = Vec::new();
-            for n in &names {
-                if kind.as_deref() != Some("image") {
-                    if let Some(id) = owned(&docker, &s, n).await? {
-                        let i = docker
-                            .inspect_container(&id, None::<InspectContainerOptions>)
-                            .await
-                            .map_err(ShimError::docker(format!("inspect container {n}")))?;
-                        items.push(serde_json::to_value(i).unwrap_or_default());
-                        continue;
-                    }
-                }
-                if kind.as_deref() != Some("container") {
-                    match docker.inspect_image(n).await {
-                        Ok(i) => {
-                            items.push(image_value(serde_json::to_value(i).unwrap_or_default()));
-                            continue;
-                        }
-                        Err(e) if is_not_found(&e) => {}
-                        Err(e) => return Err(ShimError::docker(format!("inspect image {n}"))(e)),
-                    }
-                }
-                print_items(format.as_deref(), &items);
-                eprintln!("Error: no such object: {n:?}");
-                return Ok(125);
-            }
-            print_items(format.as_deref(), &items);
-            Ok(0)
-        }
+        } => inspect(&docker, format, kind, names).await,
         Command::Images(o) => images(&docker, o).await,
         Command::Ps(o) => ps(&docker, o).await,
         Command::Rm {
@@ -370,102 +242,286 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
             ignore,
             volumes,
             names,
-        } => {
-            let opts = RemoveContainerOptionsBuilder::new()
-                .force(force)
-                .v(volumes)
-                .build();
-            for_each_owned(&docker, &names, ignore, "remove", |id| {
-                let (docker, opts) = (docker.clone(), opts.clone());
-                async move {
-                    match docker.remove_container(&id, Some(opts)).await {
-                        Err(e) if docker::is_removal_in_progress(&e) => Ok(()),
-                        other => other,
-                    }
-                }
-            })
-            .await
-        }
+        } => rm(&docker, force, ignore, volumes, names).await,
         Command::Kill {
             signal,
             ignore,
             names,
-        } => {
-            let signal = if signal.chars().all(|c| c.is_ascii_digit()) || signal.starts_with("SIG")
-            {
-                signal
-            } else {
-                format!("SIG{}", signal.to_ascii_uppercase())
-            };
-            for_each_owned(&docker, &names, ignore, "kill", |id| {
-                let (docker, signal) = (docker.clone(), signal.clone());
-                async move {
-                    let opts = KillContainerOptionsBuilder::new().signal(&signal).build();
-                    docker.kill_container(&id, Some(opts)).await
-                }
-            })
-            .await
-        }
+        } => kill(&docker, signal, ignore, names).await,
         Command::Stop {
             timeout,
             ignore,
             names,
-        } => {
-            for_each_owned(&docker, &names, ignore, "stop", |id| {
-                let docker = docker.clone();
-                async move {
-                    let mut b = StopContainerOptionsBuilder::new();
-                    if let Some(t) = timeout {
-                        b = b.t(t);
-                    }
-                    match docker.stop_container(&id, Some(b.build())).await {
-                        // 304: already stopped.
-                        Err(bollard::errors::Error::DockerResponseServerError {
-                            status_code: 304,
-                            ..
-                        }) => Ok(()),
-                        other => other,
-                    }
-                }
-            })
-            .await
-        }
+        } => stop(&docker, timeout, ignore, names).await,
         Command::Logs {
             follow,
             tail,
             timestamps,
             name,
-        } => {
-            let s = scope(&docker).await?;
-            let Some(id) = owned(&docker, &s, &name).await? else {
-                eprintln!("Error: {}", ShimError::NoSuchContainer(name));
-                return Ok(125);
-            };
-            let opts = LogsOptionsBuilder::new()
-                .follow(follow)
-                .stdout(true)
-                .stderr(true)
-                .timestamps(timestamps)
-                .tail(tail.as_deref().unwrap_or("all"))
-                .build();
-            let mut stream = docker.logs(&id, Some(opts));
-            while let Some(item) = stream.next().await {
-                match item.map_err(ShimError::docker(format!("read logs of {id}")))? {
-                    LogOutput::StdErr { message } => std::io::stderr().write_all(&message),
-                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                        let mut o = std::io::stdout().lock();
-                        o.write_all(&message).and_then(|_| o.flush())
-                    }
-                    LogOutput::StdIn { .. } => Ok(()),
-                }
-                .map_err(|source| ShimError::Io {
-                    path: "stdout".into(),
-                    source,
-                })?;
-            }
-            Ok(0)
+        } => logs(&docker, follow, tail, timestamps, name).await,
+    }
+}
+
+/// `podman version`: podman's client fields, the daemon's as the server.
+async fn version(docker: &Docker, format: Option<String>) -> Result<u8, ShimError> {
+    let v = docker
+        .version()
+        .await
+        .map_err(ShimError::docker("read daemon version"))?;
+    let value = json!({
+        "Client": {
+            "APIVersion": PODMAN_VERSION, "Version": PODMAN_VERSION, "GoVersion": v.go_version,
+            "GitCommit": "", "BuiltTime": "", "Built": 0,
+            "OsArch": format!("{}/{}", v.os.clone().unwrap_or_default(), v.arch.clone().unwrap_or_default()),
+            "Os": v.os,
+        },
+        "Server": {
+            "Engine": "Docker Engine (through argus-agent's podman shim)",
+            "Version": v.version, "APIVersion": v.api_version,
+        },
+    });
+    match format.as_deref() {
+        Some("json") => print_json(&value),
+        Some(f) => println!("{}", render(f, &value)),
+        None => {
+            let c = &value["Client"];
+            println!("Client:       Podman Engine");
+            println!("Version:      {PODMAN_VERSION}");
+            println!("API Version:  {PODMAN_VERSION}");
+            println!("Go Version:   {}", c["GoVersion"].as_str().unwrap_or(""));
+            println!("OS/Arch:      {}", c["OsArch"].as_str().unwrap_or(""));
+            println!();
+            println!("Server:       Docker Engine");
+            println!(
+                "Version:      {}",
+                value["Server"]["Version"].as_str().unwrap_or("")
+            );
+            println!(
+                "API Version:  {}",
+                value["Server"]["APIVersion"].as_str().unwrap_or("")
+            );
         }
     }
+    Ok(0)
+}
+
+/// `podman info`: the daemon's facts in podman's shape.
+async fn info(docker: &Docker, format: Option<String>) -> Result<u8, ShimError> {
+    let i = docker
+        .info()
+        .await
+        .map_err(ShimError::docker("read daemon info"))?;
+    let value = json!({
+        "host": {
+            "arch": i.architecture, "os": i.os_type, "kernel": i.kernel_version,
+            "hostname": i.name, "cgroupManager": i.cgroup_driver,
+            "cgroupVersion": i.cgroup_version.map(|v| format!("v{v}")),
+            "ociRuntime": {"name": i.default_runtime},
+            "security": {"rootless": false},
+            "cpus": i.ncpu, "memTotal": i.mem_total,
+        },
+        "store": {
+            "graphDriverName": i.driver, "graphRoot": i.docker_root_dir,
+            "imageStore": {"number": i.images},
+            "containerStore": {
+                "number": i.containers, "running": i.containers_running,
+                "paused": i.containers_paused, "stopped": i.containers_stopped,
+            },
+        },
+        "registries": {},
+        "version": {"Version": PODMAN_VERSION, "APIVersion": PODMAN_VERSION},
+    });
+    match format.as_deref() {
+        Some(f) if f != "json" => println!("{}", render(f, &value)),
+        _ => print_json(&value),
+    }
+    Ok(0)
+}
+
+/// `podman pull`: pulls an image of the allow-list and prints its id.
+async fn pull(docker: &Docker, quiet: bool, image: String) -> Result<u8, ShimError> {
+    // The allow-list holds for pulls too: a pulled image is one
+    // `--pull=never` away from running, and pulls cost the host disk.
+    if !Policy::from_env(|k| std::env::var(k).ok())?.image_allowed(&image) {
+        return Err(PolicyError::Image { image }.into());
+    }
+    runner::pull(docker, &image, quiet).await?;
+    let i = docker
+        .inspect_image(&image)
+        .await
+        .map_err(ShimError::docker(format!("inspect image {image}")))?;
+    println!("{}", strip_sha(&i.id.unwrap_or_default()));
+    Ok(0)
+}
+
+/// `podman image inspect`: images in podman's shape; 125 at the first unknown.
+async fn image_inspect(
+    docker: &Docker,
+    format: Option<String>,
+    names: Vec<String>,
+) -> Result<u8, ShimError> {
+    let mut items = Vec::new();
+    for n in &names {
+        match docker.inspect_image(n).await {
+            Ok(i) => items.push(image_value(serde_json::to_value(i).unwrap_or_default())),
+            Err(e) if is_not_found(&e) => {
+                print_items(format.as_deref(), &items);
+                eprintln!("Error: {n}: image not known");
+                return Ok(125);
+            }
+            Err(e) => return Err(ShimError::docker(format!("inspect image {n}"))(e)),
+        }
+    }
+    print_items(format.as_deref(), &items);
+    Ok(0)
+}
+
+/// `podman inspect`: this node's containers, else images; 125 at the first unknown.
+async fn inspect(
+    docker: &Docker,
+    format: Option<String>,
+    kind: Option<String>,
+    names: Vec<String>,
+) -> Result<u8, ShimError> {
+    let s = scope(docker).await?;
+    let mut items = Vec::new();
+    for n in &names {
+        if kind.as_deref() != Some("image") {
+            if let Some(id) = owned(docker, &s, n).await? {
+                let i = docker
+                    .inspect_container(&id, None::<InspectContainerOptions>)
+                    .await
+                    .map_err(ShimError::docker(format!("inspect container {n}")))?;
+                items.push(serde_json::to_value(i).unwrap_or_default());
+                continue;
+            }
+        }
+        if kind.as_deref() != Some("container") {
+            match docker.inspect_image(n).await {
+                Ok(i) => {
+                    items.push(image_value(serde_json::to_value(i).unwrap_or_default()));
+                    continue;
+                }
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(ShimError::docker(format!("inspect image {n}"))(e)),
+            }
+        }
+        print_items(format.as_deref(), &items);
+        eprintln!("Error: no such object: {n:?}");
+        return Ok(125);
+    }
+    print_items(format.as_deref(), &items);
+    Ok(0)
+}
+
+/// `podman rm`: removes this node's containers.
+async fn rm(
+    docker: &Docker,
+    force: bool,
+    ignore: bool,
+    volumes: bool,
+    names: Vec<String>,
+) -> Result<u8, ShimError> {
+    let opts = RemoveContainerOptionsBuilder::new()
+        .force(force)
+        .v(volumes)
+        .build();
+    for_each_owned(docker, &names, ignore, "remove", |id| {
+        let (docker, opts) = (docker.clone(), opts.clone());
+        async move {
+            match docker.remove_container(&id, Some(opts)).await {
+                Err(e) if docker::is_removal_in_progress(&e) => Ok(()),
+                other => other,
+            }
+        }
+    })
+    .await
+}
+
+/// `podman kill`: signals this node's containers.
+async fn kill(
+    docker: &Docker,
+    signal: String,
+    ignore: bool,
+    names: Vec<String>,
+) -> Result<u8, ShimError> {
+    let signal = if signal.chars().all(|c| c.is_ascii_digit()) || signal.starts_with("SIG") {
+        signal
+    } else {
+        format!("SIG{}", signal.to_ascii_uppercase())
+    };
+    for_each_owned(docker, &names, ignore, "kill", |id| {
+        let (docker, signal) = (docker.clone(), signal.clone());
+        async move {
+            let opts = KillContainerOptionsBuilder::new().signal(&signal).build();
+            docker.kill_container(&id, Some(opts)).await
+        }
+    })
+    .await
+}
+
+/// `podman stop`: stops this node's containers (already stopped is fine).
+async fn stop(
+    docker: &Docker,
+    timeout: Option<i32>,
+    ignore: bool,
+    names: Vec<String>,
+) -> Result<u8, ShimError> {
+    for_each_owned(docker, &names, ignore, "stop", |id| {
+        let docker = docker.clone();
+        async move {
+            let mut b = StopContainerOptionsBuilder::new();
+            if let Some(t) = timeout {
+                b = b.t(t);
+            }
+            match docker.stop_container(&id, Some(b.build())).await {
+                // 304: already stopped.
+                Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 304, ..
+                }) => Ok(()),
+                other => other,
+            }
+        }
+    })
+    .await
+}
+
+/// `podman logs`: copies a container's output to ours.
+async fn logs(
+    docker: &Docker,
+    follow: bool,
+    tail: Option<String>,
+    timestamps: bool,
+    name: String,
+) -> Result<u8, ShimError> {
+    let s = scope(docker).await?;
+    let Some(id) = owned(docker, &s, &name).await? else {
+        eprintln!("Error: {}", ShimError::NoSuchContainer(name));
+        return Ok(125);
+    };
+    let opts = LogsOptionsBuilder::new()
+        .follow(follow)
+        .stdout(true)
+        .stderr(true)
+        .timestamps(timestamps)
+        .tail(tail.as_deref().unwrap_or("all"))
+        .build();
+    let mut stream = docker.logs(&id, Some(opts));
+    while let Some(item) = stream.next().await {
+        match item.map_err(ShimError::docker(format!("read logs of {id}")))? {
+            LogOutput::StdErr { message } => std::io::stderr().write_all(&message),
+            LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                let mut o = std::io::stdout().lock();
+                o.write_all(&message).and_then(|_| o.flush())
+            }
+            LogOutput::StdIn { .. } => Ok(()),
+        }
+        .map_err(|source| ShimError::Io {
+            path: "stdout".into(),
+            source,
+        })?;
+    }
+    Ok(0)
 }
 
 fn print_items(format: Option<&str>, items: &[Value]) {
