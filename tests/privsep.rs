@@ -157,3 +157,87 @@ fn ray_user_settings_are_checked_before_anything_starts() {
         assert_eq!(err.trim().lines().count(), 1, "{user}: {err}");
     }
 }
+
+/// Returns the resident memory of process `pid`, in KiB.
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_flood_of_silent_and_garbage_clients_costs_the_agent_nothing_lasting() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    let sb = Sandbox::new();
+    let env = sb.env("head", "head");
+    let mut agent = Agent::start(&sb, "head", &env);
+    let sock = agent.state_dir.join("shim.sock");
+    agent.wait_for("the broker's socket", Duration::from_secs(60), |_| {
+        sock.exists()
+    });
+    let idle = rss_kib(agent.pid());
+    // 300 clients that connect and never send: 256 handlers wait for their
+    // request, the rest get an error at once.
+    let mut silent: Vec<UnixStream> = (0..300)
+        .map(|_| UnixStream::connect(&sock).unwrap())
+        .collect();
+    let mut refused = 0;
+    for s in &mut silent[256..] {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["code"], 125, "{v}");
+        assert!(
+            v["error"].as_str().unwrap().contains("already running"),
+            "{v}"
+        );
+        refused += 1;
+    }
+    let flooded = rss_kib(agent.pid());
+    eprintln!(
+        "agent RSS: {idle} KiB idle, {flooded} KiB with 256 calls pending and {refused} refused"
+    );
+    assert!(
+        flooded < idle + 8 * 1024,
+        "the agent grew from {idle} to {flooded} KiB under a flood"
+    );
+    // Garbage and an oversized frame from the pending ones.
+    silent[0].write_all(b"garbage, not a descriptor").unwrap();
+    silent[1].write_all(&u32::MAX.to_be_bytes()).unwrap();
+    drop(silent);
+    // Once they are gone, a real call goes through.
+    let bindir = sb.path().join("podman-bin");
+    std::fs::create_dir_all(&bindir).unwrap();
+    std::os::unix::fs::symlink(BIN, bindir.join("podman")).unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let o = std::process::Command::new(bindir.join("podman"))
+            .arg("version")
+            .env("ARGUS_STATE_DIR", &agent.state_dir)
+            .output()
+            .unwrap();
+        if o.status.success() {
+            assert!(String::from_utf8_lossy(&o.stdout).contains("Podman Engine"));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "no call went through after the flood: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(agent.status().is_some(), "the agent stopped answering");
+    agent.signal(libc::SIGTERM);
+    let (status, _) = agent
+        .wait_exit(Duration::from_secs(30))
+        .expect("agent exit");
+    assert_eq!(status.code(), Some(0));
+}
