@@ -379,11 +379,10 @@ fn planted() -> &'static str {
     static DIR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         std::fs::create_dir_all("/tmp/ray/x").unwrap();
-        let d = tempfile::Builder::new()
-            .prefix("argus-fake-")
-            .tempdir_in("/tmp")
-            .unwrap()
-            .keep();
+        // One fixed folder, made afresh by each run (no litter in /tmp).
+        let d = std::path::PathBuf::from("/tmp/argus-fake-planted");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
         std::os::unix::fs::symlink("/", d.join("up")).unwrap();
         std::os::unix::fs::symlink("/argus-no-such", d.join("dangling")).unwrap();
         std::os::unix::fs::symlink("/var/lib", d.join("varlib")).unwrap();
