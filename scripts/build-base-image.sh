@@ -2,7 +2,10 @@
 # Builds a local Ray base image without any container registry:
 #
 #   debootstrap Debian bookworm (Python 3.11)  ->  ray[default,serve]==2.53.0
-#   from PyPI into /opt/ray-venv  ->  `docker import` as argus/ray-base:2.53.0-py311
+#   from PyPI into /opt/ray-venv under Ray's own pinned dependency set
+#   (docker/ray/constraints-2.53.0.txt), checked by docker/ray/check_deps.py
+#   (pip check, every pin, a Serve config round trip)  ->  `docker import` as
+#   argus/ray-base:2.53.0-py311, labelled with the constraints' sha256
 #
 # It stands in for the official rayproject/ray:2.53.0-py311 image on machines
 # that cannot pull images (this project's CI machine). Both node and engine
@@ -13,8 +16,9 @@
 # user `ray` uid 1000 gid 100 with HOME=/home/ray, `python` and `ray` on PATH.
 #
 # Cached at two levels, so a re-run is fast:
-#   1. the image exists                      -> nothing to do (FORCE=1 rebuilds)
-#   2. $CACHE/ray-base-rootfs.tar exists     -> only `docker import` (~30 s)
+#   1. the image exists with the constraints' label -> nothing to do (FORCE=1
+#      rebuilds; an image of other constraints is rebuilt)
+#   2. $CACHE/ray-base-<constraints sha>-rootfs.tar exists -> only `docker import`
 #   3. $CACHE/bookworm-debs.tgz exists       -> debootstrap without downloads
 # Needs root (debootstrap, chroot) and Debian's and PyPI's servers.
 #
@@ -31,6 +35,7 @@ DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CACHE=${CACHE:-target/image-cache}
 SUITE=bookworm
 PACKAGES=python3,python3-venv,python3-pip,ca-certificates,procps,iproute2,libstdc++6,tzdata
+CONSTRAINTS=docker/ray/constraints-${RAY_VERSION}.txt
 
 log() { printf 'build-base-image: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -39,14 +44,18 @@ start=$(date +%s)
 command -v docker >/dev/null || die "docker CLI not found"
 docker info >/dev/null 2>&1 || die "Docker daemon not reachable (is /var/run/docker.sock there and yours?)"
 
-if [ "${FORCE:-0}" != 1 ] && docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
-  log "$BASE_TAG already present (FORCE=1 rebuilds)"
+[ -s "$CONSTRAINTS" ] || die "no pinned dependency set for Ray $RAY_VERSION: $CONSTRAINTS"
+pins=$(sha256sum "$CONSTRAINTS" | cut -c1-16)
+have=$(docker image inspect -f '{{index .Config.Labels "argus.ray.constraints"}}' "$BASE_TAG" 2>/dev/null || true)
+if [ "${FORCE:-0}" != 1 ] && [ "$have" = "$pins" ]; then
+  log "$BASE_TAG already present with $CONSTRAINTS ($pins) (FORCE=1 rebuilds)"
   exit 0
 fi
+[ -z "$have" ] || log "$BASE_TAG was built from other constraints ($have, not $pins): rebuilding"
 
 mkdir -p "$CACHE"
 CACHE=$(cd "$CACHE" && pwd)
-rootfs_tar="$CACHE/ray-base-${RAY_VERSION}-py311-rootfs.tar"
+rootfs_tar="$CACHE/ray-base-${RAY_VERSION}-py311-${pins}-rootfs.tar"
 debs_tgz="$CACHE/${SUITE}-debs.tgz"
 
 import_rootfs() {
@@ -58,6 +67,7 @@ import_rootfs() {
     --change 'USER ray' \
     --change 'WORKDIR /home/ray' \
     --change 'CMD ["/bin/bash"]' \
+    --change "LABEL argus.ray.version=$RAY_VERSION argus.ray.constraints=$pins" \
     --message "debootstrap $SUITE + ray[$RAY_EXTRAS]==$RAY_VERSION (scripts/build-base-image.sh)" \
     "$rootfs_tar" "$BASE_TAG" >/dev/null
 }
@@ -103,16 +113,21 @@ cp /etc/resolv.conf "$root/etc/resolv.conf"
 # bundle is removed again and never part of the image.
 host_ca=${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
 cp "$host_ca" "$root/tmp/host-ca.crt"
+mkdir -p "$root/opt/argus/ray"
+cp "$CONSTRAINTS" "$root/opt/argus/ray/constraints.txt"
+cp docker/ray/check_deps.py "$root/opt/argus/ray/check_deps.py"
 mount -t proc proc "$root/proc"
 
-log "installing ray[$RAY_EXTRAS]==$RAY_VERSION into /opt/ray-venv"
+log "installing ray[$RAY_EXTRAS]==$RAY_VERSION into /opt/ray-venv (constraints $CONSTRAINTS)"
 # A clean environment: the host's PIP_*/REQUESTS_CA_BUNDLE/SSL_CERT_* would
 # point pip at files of the host or at the wrong bundle inside the chroot.
 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
   chroot "$root" /bin/sh -euc "
   python3 -m venv /opt/ray-venv
-  PIP_CERT=/tmp/host-ca.crt /opt/ray-venv/bin/pip install --no-cache-dir --quiet --disable-pip-version-check 'ray[$RAY_EXTRAS]==$RAY_VERSION'
-  /opt/ray-venv/bin/python -c 'import ray, sys; print(\"ray\", ray.__version__, \"python\", sys.version.split()[0])'
+  PIP_CERT=/tmp/host-ca.crt /opt/ray-venv/bin/pip install --no-cache-dir --quiet --disable-pip-version-check \
+    -c /opt/argus/ray/constraints.txt 'ray[$RAY_EXTRAS]==$RAY_VERSION'
+  /opt/ray-venv/bin/python /opt/argus/ray/check_deps.py --ray '$RAY_VERSION' --python 3.11 \
+    --constraints /opt/argus/ray/constraints.txt
   # user as in rayproject/ray: uid 1000, gid 100 (users), HOME /home/ray
   useradd -m -s /bin/bash -d /home/ray -u 1000 -g 100 ray
   apt-get clean
