@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds the node image and engine images from this checkout.
 #
-#   scripts/build-images.sh [node] [engine] [redis] [options]   (default: node)
+#   scripts/build-images.sh [node] [engine] [redis] [lb] [options]   (default: node)
 #
 # Node: argus/argus-ray-node:$ARGUS_VERSION (default dev) from Dockerfile.node.
 # Redis: argus/argus-redis:$ARGUS_VERSION from Dockerfile.redis (Debian's
 #   redis-server on BASE_IMAGE), the GCS FT Redis of docker-compose.gcs-ft.yaml.
+# LB: argus/argus-lb:$ARGUS_VERSION from Dockerfile.lb (Debian's HAProxy on
+#   BASE_IMAGE, config docker/lb/haproxy.cfg checked with `haproxy -c`), the
+#   `lb` service of docker-compose.yaml: the workers' Serve proxies on one port.
 #   --prebuilt      use target/release/argus-agent (built here with
 #                   `cargo build --release -p argus-agent` unless --no-cargo)
 #                   instead of compiling the agent in a Rust image
@@ -35,13 +38,14 @@ OFFICIAL_BASE=rayproject/ray:${RAY_VERSION}-py311
 log() { printf 'build-images: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-build_node=0 build_engine=0 build_redis=0 prebuilt=0 cargo=1 local_base=0 install_vllm=1
+build_node=0 build_engine=0 build_redis=0 build_lb=0 prebuilt=0 cargo=1 local_base=0 install_vllm=1
 registry=localhost engine_version= agent_binary=target/release/argus-agent
 while [ $# -gt 0 ]; do
   case $1 in
     node) build_node=1 ;;
     engine) build_engine=1 ;;
     redis) build_redis=1 ;;
+    lb) build_lb=1 ;;
     --prebuilt) prebuilt=1 ;;
     --no-cargo) cargo=0 ;;
     --local-base) local_base=1 ;;
@@ -54,7 +58,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ $build_node = 1 ] || [ $build_engine = 1 ] || [ $build_redis = 1 ] || build_node=1
+[ $build_node = 1 ] || [ $build_engine = 1 ] || [ $build_redis = 1 ] || [ $build_lb = 1 ] || build_node=1
 engine_version=${engine_version:-v$VLLM_VERSION}
 
 command -v docker >/dev/null || die "docker CLI not found"
@@ -102,6 +106,14 @@ fi
 if [ $build_redis = 1 ]; then
   tag=argus/argus-redis:$ARGUS_VERSION
   args=(-f Dockerfile.redis -t "$tag" --build-arg "BASE_IMAGE=$BASE_IMAGE")
+  log "docker build ${args[*]} ."
+  docker build "${args[@]}" . >&2
+  echo "$tag"
+fi
+
+if [ $build_lb = 1 ]; then
+  tag=argus/argus-lb:$ARGUS_VERSION
+  args=(-f Dockerfile.lb -t "$tag" --build-arg "BASE_IMAGE=$BASE_IMAGE")
   log "docker build ${args[*]} ."
   docker build "${args[@]}" . >&2
   echo "$tag"

@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # The README's first command: builds the images and starts the compose
-# cluster (one head, two workers), then waits until all three Ray nodes are
-# alive.
+# cluster (one head, two workers, the Serve load balancer `lb`, and with GCS
+# fault tolerance a Redis), then waits until all three Ray nodes are alive
+# and prints the dashboard and Serve URLs.
 #
-#   scripts/cluster-up.sh [--gcs-ft] [--no-wait] [--no-build] [-- extra `up` args]
+#   scripts/cluster-up.sh [--no-gcs-ft] [--no-wait] [--no-build] [-- extra `up` args]
 #
-# --gcs-ft (or ARGUS_GCS_FT=1): GCS fault tolerance, docker-compose.gcs-ft.yaml
-# on top: a Redis service (argus/argus-redis, built here from Dockerfile.redis)
-# keeps the GCS state, so workers ride a head container restart through.
+# GCS fault tolerance is on by default (ARGUS_GCS_FT=1; `--gcs-ft` is still
+# accepted): docker-compose.gcs-ft.yaml on top, a Redis service
+# (argus/argus-redis, built here from Dockerfile.redis) keeps the GCS state,
+# so workers, their Serve replicas and the endpoint ride a head container
+# restart through. --no-gcs-ft (or ARGUS_GCS_FT=0): docker-compose.yaml
+# alone; a head restart then loses the cluster's state (Serve apps too).
+# Serve endpoint: http://localhost:$ARGUS_SERVE_HOST_PORT/ (8000), the `lb`
+# service (argus/argus-lb, built here from Dockerfile.lb: HAProxy in front of
+# the workers' Serve proxies). It answers once a Serve application listens on
+# 0.0.0.0:8000 on the workers (`proxy_location: EveryNode`).
 # Choices made for you (override by environment):
 #   - Ray base: rayproject/ray:2.53.0-py311 if present or pullable, else the
 #     registry-free argus/ray-base (scripts/build-base-image.sh, needs root).
@@ -15,24 +23,29 @@
 #   - agent: the prebuilt target/release/argus-agent when cargo is here,
 #     else compiled in the Rust build stage. ARGUS_PREBUILT=0|1 forces one.
 #   - compose: `docker compose` (v2) if present, else `docker-compose` (v1).
+#   - images: ARGUS_NODE_IMAGE, ARGUS_REDIS_IMAGE, ARGUS_LB_IMAGE (default
+#     argus/argus-{ray-node,redis,lb}:$ARGUS_VERSION, ARGUS_VERSION=dev).
 # Host preparation: ARGUS_MODEL_CACHE (/tmp/argus-models) is created;
 # the node needs no group of the Docker socket (only its agent, root, opens
 # it). Everything else:
 # docker-compose.yaml's header.
-# Stop it with: docker compose down -v   (or docker-compose down -v; with
-# --gcs-ft add --remove-orphans, or give both -f files, to remove the Redis)
+# Stop it with the same files:
+#   docker compose -f docker-compose.yaml -f docker-compose.gcs-ft.yaml down -v
+#   (or docker-compose ...; `down -v --remove-orphans` with docker-compose.yaml
+#   alone also removes the Redis)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf 'cluster-up: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-wait_nodes=1 build=1 gcs_ft=${ARGUS_GCS_FT:-0} up_args=()
+wait_nodes=1 build=1 gcs_ft=${ARGUS_GCS_FT:-1} up_args=()
 while [ $# -gt 0 ]; do
   case $1 in
     --no-wait) wait_nodes=0 ;;
     --no-build) build=0 ;;
     --gcs-ft) gcs_ft=1 ;;
+    --no-gcs-ft) gcs_ft=0 ;;
     --) shift; up_args=("$@"); break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
@@ -62,6 +75,7 @@ RAY_VERSION=${RAY_VERSION:-2.53.0}
 official=rayproject/ray:${RAY_VERSION}-py311
 export ARGUS_NODE_IMAGE=${ARGUS_NODE_IMAGE:-argus/argus-ray-node:${ARGUS_VERSION:-dev}}
 export ARGUS_REDIS_IMAGE=${ARGUS_REDIS_IMAGE:-argus/argus-redis:${ARGUS_VERSION:-dev}}
+export ARGUS_LB_IMAGE=${ARGUS_LB_IMAGE:-argus/argus-lb:${ARGUS_VERSION:-dev}}
 export ARGUS_MODEL_CACHE=${ARGUS_MODEL_CACHE:-/tmp/argus-models}
 
 if [ $build = 1 ]; then
@@ -83,14 +97,19 @@ if [ $build = 1 ]; then
   if [ "$gcs_ft" = 1 ]; then
     BASE_IMAGE=$ARGUS_BASE_IMAGE ARGUS_VERSION=${ARGUS_REDIS_IMAGE##*:} scripts/build-images.sh redis >/dev/null
   fi
+  BASE_IMAGE=$ARGUS_BASE_IMAGE ARGUS_VERSION=${ARGUS_LB_IMAGE##*:} scripts/build-images.sh lb >/dev/null
 fi
 
 mkdir -p "$ARGUS_MODEL_CACHE"
 
+serve_url=http://localhost:${ARGUS_SERVE_HOST_PORT:-8000}/
 log "${compose[*]} up -d"
 "${compose[@]}" up -d --no-build "${up_args[@]}"
 
-[ $wait_nodes = 1 ] || exit 0
+if [ $wait_nodes = 0 ]; then
+  log "Serve endpoint (lb): $serve_url"
+  exit 0
+fi
 head=$("${compose[@]}" ps -q head)
 deadline=$(( $(date +%s) + ${ARGUS_UP_TIMEOUT_S:-300} ))
 log "waiting for 3 alive Ray nodes (up to ${ARGUS_UP_TIMEOUT_S:-300} s)"
@@ -98,8 +117,14 @@ while :; do
   out=$(docker exec -u ray -i "$head" python - <docker/tools/ray_nodes.py 2>/dev/null || true)
   alive=$(printf '%s' "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["alive"])' 2>/dev/null || echo 0)
   if [ "$alive" -ge 3 ]; then
-    [ "$gcs_ft" = 1 ] && log "GCS fault tolerance on: Redis service 'redis' (docker-compose.gcs-ft.yaml)"
+    if [ "$gcs_ft" = 1 ]; then
+      log "GCS fault tolerance on: Redis service 'redis' (docker-compose.gcs-ft.yaml)"
+    else
+      log "GCS fault tolerance off (--no-gcs-ft): a head restart loses the cluster's state"
+    fi
     log "cluster up: $alive Ray nodes alive; dashboard http://localhost:${ARGUS_DASHBOARD_HOST_PORT:-8265}"
+    log "Serve endpoint (lb, the workers' Serve proxies): $serve_url"
+    log "stop: ${compose[*]} down -v"
     exit 0
   fi
   [ "$(date +%s)" -lt "$deadline" ] || { "${compose[@]}" ps >&2; die "only $alive Ray nodes alive after ${ARGUS_UP_TIMEOUT_S:-300} s"; }
