@@ -1,27 +1,62 @@
 """A stand-in for the vLLM serve application (import_path
 ``serve.vllm.app:app_builder``).
 
-With vLLM installed it would build the backend and controller deployments;
-here the deployment answers with the engine info, which is what tests need to
-see that the request was served from inside this engine image.
+With vLLM installed it would build the backend and controller deployments
+for ``args["model"]``, loading weights from ``args["model_path"]`` with the
+``VLLM_*`` settings of its environment; here the deployment answers with the
+engine info plus what such an engine would see: its ``VLLM_*`` variables and
+the files under ``model_path``. That is what tests need to see that the
+request was served from inside this engine image, with the run options of
+the deployment (docker/serve/*.yaml).
 """
+
+import os
 
 from ray import serve
 
 from serve.engine_info import engine_info
 
+# The most of one model file the answer carries.
+_MAX_FILE_BYTES = 4096
+
+
+def _model_files(path):
+    """Returns {name: text} of the regular files directly under ``path``
+    (each cut to _MAX_FILE_BYTES), or {"error": ...} when it cannot be read."""
+    if not path:
+        return None
+    try:
+        out = {}
+        for name in sorted(os.listdir(path)):
+            full = os.path.join(path, name)
+            if os.path.isfile(full):
+                with open(full, "rb") as f:
+                    out[name] = f.read(_MAX_FILE_BYTES).decode("utf-8", "replace")
+        return out
+    except OSError as e:
+        return {"error": repr(e)}
+
 
 @serve.deployment
 class EngineStub:
-    def __init__(self, model: str = "stub"):
+    def __init__(self, model: str = "stub", model_path: str = None):
         self.model = model
+        self.model_path = model_path
 
     async def __call__(self, request):
         info = engine_info()
         info["model"] = self.model
+        info["model_path"] = self.model_path
+        info["model_files"] = _model_files(self.model_path)
+        info["env"] = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
+        info["pid"] = os.getpid()
         return info
 
 
 def app_builder(args: dict):
-    """Returns the Serve application for ``args`` (``{"model": ...}``)."""
-    return EngineStub.bind(model=(args or {}).get("model", "stub"))
+    """Returns the Serve application for ``args`` (``{"model": ...,
+    "model_path": ...}``)."""
+    args = args or {}
+    return EngineStub.bind(
+        model=args.get("model", "stub"), model_path=args.get("model_path")
+    )

@@ -1,0 +1,87 @@
+"""Kills this node's Ray workers whose actor the GCS already holds DEAD.
+
+Why: Ray 2.53.0's GCS forgets, when it restarts (GCS fault tolerance: the
+head container killed and started again), the raylet address of every actor
+it restores as ALIVE (``local_raylet_address_`` is not persisted to Redis).
+A later ``ray.kill`` of such an actor (Serve does one for every replica it
+stops: scale down, deleted application, ``serve shutdown``) marks it DEAD but
+sends nothing to its node; the GCS log says
+
+    gcs_actor_manager.cc:1828: Not sending KillLocalActorRequest because
+    Actor has not been assigned a lease actor_id=...
+
+and the worker process (for an ``image_uri``/``container`` actor: its engine
+container) keeps running and keeps its resources in the raylet for good.
+Fixed upstream after 2.53 (ray-project/ray#63763, PR #63764).
+
+What this does, run on a node as the Ray user (no driver, no dashboard: one
+gRPC call to the GCS)::
+
+    docker exec -u ray -i <node> python - <gcs ip:port> < reap_dead_actors.py
+
+For every actor the GCS lists as DEAD whose worker ran on this node, it
+SIGKILLs the worker if its process is still that worker: the pid has this
+session's ``python-core-worker-<worker id>_<pid>.log`` and its title is a
+Ray worker's (``ray::...``). The raylet then sees its worker exit and frees
+its resources; for an engine container the container exits with its
+process and the podman shim removes it. Prints one JSON line: how many DEAD
+actors it looked at and which pids it killed.
+"""
+
+import json
+import os
+import signal
+import sys
+
+import grpc
+from ray.core.generated import gcs_pb2, gcs_service_pb2, gcs_service_pb2_grpc
+
+LOGS = "/tmp/ray/session_latest/logs"
+
+
+def dead_actors(address):
+    channel = grpc.insecure_channel(address)
+    stub = gcs_service_pb2_grpc.ActorInfoGcsServiceStub(channel)
+    filters = gcs_service_pb2.GetAllActorInfoRequest.Filters(
+        state=gcs_pb2.ActorTableData.DEAD
+    )
+    reply = stub.GetAllActorInfo(
+        gcs_service_pb2.GetAllActorInfoRequest(filters=filters), timeout=30
+    )
+    return reply.actor_table_data
+
+
+def still_that_worker(worker_id, pid):
+    """True if and only if process ``pid`` on this node is Ray worker
+    ``worker_id`` (hex) and still runs as one."""
+    if not os.path.exists(f"{LOGS}/python-core-worker-{worker_id}_{pid}.log"):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            title = f.read().split(b"\0")[0].decode("utf-8", "replace")
+    except OSError:
+        return False
+    return title.startswith("ray::")
+
+
+def main():
+    address = sys.argv[1]
+    killed = []
+    actors = dead_actors(address)
+    for a in actors:
+        worker_id = a.address.worker_id.hex()
+        if not a.pid or not worker_id or not still_that_worker(worker_id, a.pid):
+            continue
+        try:
+            os.kill(a.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        killed.append(
+            {"pid": a.pid, "actor_id": a.actor_id.hex(), "name": a.name,
+             "class": a.class_name, "worker_id": worker_id}
+        )
+    print(json.dumps({"dead_actors": len(actors), "killed": killed}))
+
+
+if __name__ == "__main__":
+    main()
