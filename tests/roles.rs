@@ -836,6 +836,81 @@ fn a_worker_reports_a_refusing_head_gcs_and_keeps_its_ray() {
     );
 }
 
+/// Issue 8's note: without GCS fault tolerance a worker started Ray twice
+/// after a head crash: once against the crashed head's record when its
+/// raylet gave up on the GCS, once more for the new instance. Now a Ray that
+/// exits while the joined GCS is down and the record stands still waits for
+/// the record to change, and starts once, for the new head.
+#[test]
+fn a_worker_whose_ray_exits_while_the_head_is_down_starts_once_for_the_new_head() {
+    let sb = Sandbox::new();
+    let port = support::free_port();
+    let head = FakeHead::start(&sb, record("127.0.0.5", port, "crashed", 1, 1));
+    let mut env = sb.env("w", "worker");
+    // Probing starts once the record stood still for TTL/4 (5 s); the
+    // record expires only after 20 s.
+    env.insert("ARGUS_TTL_S".into(), "20".into());
+    let mut w = Agent::start(&sb, "w", &env);
+    w.wait_for("join", Duration::from_secs(20), |_| {
+        sb.ray_starts("w").len() == 1
+    });
+    // The head crashes: its record stops changing, its GCS refuses.
+    head.set(None);
+    w.wait_for("the refusing GCS in status", Duration::from_secs(30), |w| {
+        w.status()
+            .is_some_and(|s| s["head_gcs"].as_str().unwrap_or("").contains("refusing"))
+    });
+    // The raylet gives up on the GCS: Ray exits.
+    let pid = sb.ray_starts("w")[0]["pid"].as_i64().unwrap();
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    w.wait_for("the restart held", Duration::from_secs(30), |w| {
+        w.state() == "waiting_for_head"
+            && w.status().is_some_and(|s| {
+                s["reason"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("waiting for the head to refresh or republish")
+            })
+    });
+    assert_eq!(
+        sb.ray_starts("w").len(),
+        1,
+        "ray was restarted against the crashed head's record:\n{}",
+        w.log()
+    );
+    // The head comes back at the same address with a new instance.
+    head.set(Some(record("127.0.0.5", port, "restarted", 2, 1)));
+    w.wait_for("join the new head", Duration::from_secs(30), |w| {
+        sb.ray_starts("w").len() == 2
+            && w.status()
+                .is_some_and(|s| s["head_instance_id"] == "restarted")
+            && w.state() == "running"
+    });
+    assert_eq!(sb.ray_starts("w").len(), 2, "{}", w.log());
+}
+
+/// A Ray that exits while its head lives (the record keeps changing) is
+/// restarted as before, without waiting for anything.
+#[test]
+fn a_worker_whose_ray_exits_while_the_head_lives_restarts_it_at_once() {
+    let sb = Sandbox::new();
+    let _head = FakeHead::start(&sb, record("127.0.0.5", 4000, "live", 1, 1));
+    let mut w = Agent::start(&sb, "w", &sb.env("w", "worker"));
+    w.wait_for("join", Duration::from_secs(20), |_| {
+        sb.ray_starts("w").len() == 1
+    });
+    let pid = sb.ray_starts("w")[0]["pid"].as_i64().unwrap();
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    w.wait_for("restart", Duration::from_secs(30), |_| {
+        sb.ray_starts("w").len() == 2
+    });
+    assert!(
+        !w.log().contains("waiting for the head to refresh"),
+        "{}",
+        w.log()
+    );
+}
+
 #[test]
 fn a_worker_rides_a_fault_tolerant_head_restart_at_the_same_address_through() {
     let sb = Sandbox::new();

@@ -119,7 +119,7 @@ impl std::fmt::Display for Target {
 
 enum RoleState {
     Head(Box<HeadRole>),
-    Worker(WorkerRole),
+    Worker(Box<WorkerRole>),
 }
 
 /// The node agent's state.
@@ -181,7 +181,7 @@ impl Node {
         let now = Instant::now();
         let role = match cfg.role {
             Role::Head => RoleState::Head(Box::default()),
-            Role::Worker => RoleState::Worker(WorkerRole::default()),
+            Role::Worker => RoleState::Worker(Box::default()),
         };
         Self {
             backoff: Backoff::new(cfg.backoff_min, cfg.backoff_max, cfg.stable_run),

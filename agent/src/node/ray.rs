@@ -217,6 +217,7 @@ impl Node {
             return;
         };
         let (pid, ran, on_purpose) = (r.pid, r.started.elapsed(), r.stopping);
+        let joined = r.target.clone();
         self.ray = None;
         // Ray's own children may outlive `ray start` (agents, idle workers).
         let _ = signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
@@ -227,6 +228,9 @@ impl Node {
         }
         warn!(pid, %exit, ran_s = ran.as_secs_f64(), swept, "ray exited unexpectedly");
         self.after_ray_ended(exit, ran, true);
+        if matches!(self.role, super::RoleState::Worker(_)) {
+            self.on_worker_ray_exit(joined);
+        }
     }
 
     /// Withdraws (head) and schedules the restart with backoff.

@@ -31,6 +31,20 @@ pub(super) struct WorkerRole {
     pub(super) desired: Option<Target>,
     /// The last target that a start was scheduled for (jitter applied once).
     pub(super) scheduled: Option<Target>,
+    /// Ray exited while its head looked crashed: no restart against this
+    /// record until it changes (see [`Node::on_worker_ray_exit`]).
+    pub(super) held: Option<Held>,
+}
+
+/// A restart held back until the head's record changes.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    /// The head Ray was joined to when it exited.
+    pub(super) target: Target,
+    /// When the record last changed at the time of the exit.
+    pub(super) changed_at: Option<Instant>,
+    /// What the worker says while it waits (status reason, log).
+    pub(super) why: String,
 }
 
 impl Node {
@@ -183,6 +197,17 @@ impl Node {
             }
             return;
         }
+        if let (Some(t), Some(h)) = (&desired, self.worker().held.clone()) {
+            if &h.target == t && self.lease.changed_at() == h.changed_at {
+                if self.state != NodeState::WaitingForHead {
+                    info!(reason = %h.why, "waiting for head");
+                }
+                self.set_state(NodeState::WaitingForHead, h.why);
+                return;
+            }
+            debug!("the head's record changed since ray exited; restart no longer held");
+            self.worker().held = None;
+        }
         match desired {
             Some(t) => {
                 if self.worker().scheduled.as_ref() != Some(&t) {
@@ -196,6 +221,10 @@ impl Node {
                 }
                 if Instant::now() >= self.start_after {
                     self.last_wait_log = None;
+                    // What probes said of the previous Ray's head is no
+                    // evidence about this one.
+                    let w = self.worker();
+                    (w.gcs_down_since, w.next_gcs_probe, w.gcs_reported) = (None, None, false);
                     self.start_ray(Some(t));
                 }
             }
@@ -299,6 +328,33 @@ impl Node {
             self.stop_ray_now("zombie-worker guard");
             self.start_after = Instant::now();
         }
+    }
+
+    /// Worker: Ray (joined to `joined`) exited on its own. When the joined
+    /// head's GCS has stopped accepting connections and its record has
+    /// stopped changing (a crashed head: the raylet gives up on a GCS that
+    /// is gone), a restart now would join the old record's address, and
+    /// Ray would start a second time once the head republishes a new
+    /// instance. The restart waits for the record to change instead: a
+    /// refresh (the head lives) or a new instance (join it, once).
+    pub(super) fn on_worker_ray_exit(&mut self, joined: Option<Target>) {
+        let changed_at = self.lease.changed_at();
+        let w = self.worker();
+        let (Some(target), Some(since)) = (joined, w.gcs_down_since) else {
+            return;
+        };
+        let why = format!(
+            "ray exited while the head's GCS at {} was down ({:.0}s) and its record unchanged; \
+             waiting for the head to refresh or republish its record",
+            target.address,
+            since.elapsed().as_secs_f64()
+        );
+        info!(head = %target, "{why}");
+        w.held = Some(Held {
+            target,
+            changed_at,
+            why,
+        });
     }
 
     /// Delays the join to a new head by a random jitter (R-WRK-6) so many
