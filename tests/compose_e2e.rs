@@ -228,6 +228,13 @@ impl Cluster {
         let mut y = String::from("version: \"2.4\"\nservices:\n");
         for s in SERVICES {
             y.push_str(&format!("  {s}:\n{hc}"));
+            if s == "head" {
+                // A head restarted on this loaded 2-core machine once lost
+                // its dashboard for good (Ray's "Module MetricsHead failed
+                // to start. Timeout after 30.0 seconds"; nothing restarts
+                // it), and with it `serve deploy`: give its modules longer.
+                y.push_str("    environment:\n      RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT: \"180\"\n");
+            }
         }
         std::fs::write(&override_file, y).unwrap();
         let mut env: Vec<(String, String)> = [
@@ -263,7 +270,11 @@ impl Cluster {
             env,
         };
         log(&format!("compose up -d (project {})", c.project));
-        c.compose_run(&["up", "-d", "--no-build"]);
+        // The Ray nodes and what they depend on (the GCS FT Redis), not
+        // every service of the files: the tests need no other service.
+        let mut up = vec!["up", "-d", "--no-build"];
+        up.extend(SERVICES);
+        c.compose_run(&up);
         c
     }
 
@@ -1197,4 +1208,564 @@ fn compose_short_chaos_soak_keeps_every_invariant() {
         status.success(),
         "scripts/soak.sh --faults 6 --seed 1 failed ({status}); its table and logs are above"
     );
+}
+
+/// The Serve configs of docker/serve/, merged into one deployment by a
+/// program in the head (PyYAML comes with Ray): reads {"configs": [yaml
+/// text, ...], "replicas": {app: n}} on stdin, keeps the applications named
+/// in `replicas` with that many replicas of each deployment (none left:
+/// `applications: []`, which deletes them all), writes the file and runs
+/// `serve deploy` as the Ray user.
+const SERVE_DEPLOY_SCRIPT: &str = r#"
+import json, subprocess, sys, yaml
+spec = json.load(sys.stdin)
+configs = [yaml.safe_load(t) for t in spec["configs"]]
+out = {k: v for k, v in configs[0].items() if k != "applications"}
+apps = []
+for c in configs:
+    for k in ("proxy_location", "http_options"):
+        assert c.get(k) == out.get(k), f"the configs differ in {k}"
+    for a in c["applications"]:
+        n = spec["replicas"].get(a["name"])
+        if n is None:
+            continue
+        for d in a["deployments"]:
+            d["num_replicas"] = n
+        apps.append(a)
+out["applications"] = apps
+path = "/tmp/ray/tmp/argus-e2e-serve.yaml"
+with open(path, "w") as f:
+    yaml.safe_dump(out, f)
+print(yaml.safe_dump(out), file=sys.stderr)
+sys.exit(subprocess.run(["serve", "deploy", "-a", "http://127.0.0.1:8265", path]).returncode)
+"#;
+
+/// `serve status` as JSON (it prints YAML).
+const SERVE_STATUS_SCRIPT: &str = r#"
+import json, subprocess, sys, yaml
+p = subprocess.run(["serve", "status", "-a", "http://127.0.0.1:8265"], capture_output=True, text=True, timeout=60)
+if p.returncode != 0:
+    sys.exit(p.stderr.strip()[-2000:] or f"serve status exited {p.returncode}")
+print(json.dumps(yaml.safe_load(p.stdout) or {}))
+"#;
+
+/// GETs the URL in argv[1] and prints the answer (JSON); exits non-zero
+/// with the reason when it does not answer 200.
+const HTTP_GET_SCRIPT: &str = r#"
+import sys, urllib.request
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=20) as r:
+        print(r.read().decode())
+except Exception as e:
+    sys.exit(f"{sys.argv[1]}: {e!r}")
+"#;
+
+/// The Serve application names of docker/serve/engine-image-uri.yaml and
+/// engine-container.yaml, and their route prefixes.
+const SERVE_URI_APP: (&str, &str) = ("engine-uri", "/uri");
+const SERVE_CONTAINER_APP: (&str, &str) = ("engine-container", "/container");
+
+/// A deadline for clean-up conditions: generous, the figure printed is the
+/// bound we state.
+const CLEANUP_DEADLINE: Duration = Duration::from_secs(300);
+
+impl Cluster {
+    /// docker/serve/'s two example configs with their placeholders filled:
+    /// `image_uri` with `uri_image`, `container` with `container_image`
+    /// and this cluster's model cache.
+    fn serve_configs(&self, uri_image: &str, container_image: &str) -> Vec<String> {
+        let read = |f: &str| {
+            let p = workspace_root().join("docker/serve").join(f);
+            std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        };
+        let cache = self.model_cache.display().to_string();
+        let fill = |text: String, image: &str| {
+            let out = text
+                .replace("${ENGINE_IMAGE}", image)
+                .replace("${ARGUS_MODEL_CACHE}", &cache);
+            // Only comments may still name a placeholder.
+            for l in out.lines().filter(|l| !l.trim_start().starts_with('#')) {
+                assert!(!l.contains("${"), "placeholder left in a Serve config: {l}");
+            }
+            out
+        };
+        vec![
+            fill(read("engine-image-uri.yaml"), uri_image),
+            fill(read("engine-container.yaml"), container_image),
+        ]
+    }
+
+    /// `serve deploy`s the applications of `configs` named in `replicas`
+    /// (with that many replicas each); the others are deleted.
+    fn serve_deploy(&self, configs: &[String], replicas: &[(&str, u32)]) {
+        let spec = serde_json::json!({
+            "configs": configs,
+            "replicas": replicas.iter().map(|(a, n)| (a.to_string(), Value::from(*n))).collect::<serde_json::Map<_, _>>(),
+        });
+        log(&format!("serve deploy {replicas:?}"));
+        let out = with_stdin(
+            &[
+                "exec",
+                "-u",
+                "ray",
+                "-i",
+                &self.container("head"),
+                "timeout",
+                "120",
+                "python",
+                "-c",
+                SERVE_DEPLOY_SCRIPT,
+            ],
+            &spec.to_string(),
+        );
+        if !out.status.success() {
+            self.dump_logs();
+            panic!(
+                "serve deploy {replicas:?} failed ({})\n--- stdout\n{}\n--- stderr\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    /// `serve status` as JSON, or why not.
+    fn serve_status(&self) -> Result<Value, String> {
+        let out = output(Command::new("docker").args([
+            "exec",
+            "-u",
+            "ray",
+            &self.container("head"),
+            "python",
+            "-c",
+            SERVE_STATUS_SCRIPT,
+        ]));
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
+    }
+
+    /// Waits until `serve status` shows each of `apps` RUNNING with all
+    /// its deployments HEALTHY at exactly that many RUNNING replicas (no
+    /// replica starting or stopping); returns the time it took.
+    fn wait_serve_running(&self, apps: &[(&str, u32)], timeout: Duration) -> Duration {
+        let start = Instant::now();
+        let mut last = String::new();
+        let ok = |v: &Value| {
+            apps.iter().all(|(app, n)| {
+                let a = &v["applications"][*app];
+                a["status"] == "RUNNING"
+                    && a["deployments"].as_object().is_some_and(|ds| {
+                        !ds.is_empty()
+                            && ds.values().all(|d| {
+                                d["status"] == "HEALTHY"
+                                    && d["replica_states"] == serde_json::json!({ "RUNNING": *n })
+                            })
+                    })
+            })
+        };
+        while start.elapsed() < timeout {
+            match self.serve_status() {
+                Ok(v) if ok(&v) => {
+                    log(&format!(
+                        "serve status {apps:?} RUNNING after {:.1}s",
+                        start.elapsed().as_secs_f64()
+                    ));
+                    return start.elapsed();
+                }
+                Ok(v) => last = v.to_string(),
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        self.dump_logs();
+        panic!("serve status: {apps:?} not RUNNING within {timeout:?}; last status: {last}");
+    }
+
+    /// GETs `http://<ip of service>:8000<route>` from inside the head (the
+    /// compose network), retrying until it answers or `timeout` passes.
+    fn serve_get(&self, service: &str, route: &str, timeout: Duration) -> Value {
+        let url = format!("http://{}:8000{route}", self.ip(service));
+        let start = Instant::now();
+        loop {
+            let out = output(Command::new("docker").args([
+                "exec",
+                "-u",
+                "ray",
+                &self.container("head"),
+                "python",
+                "-c",
+                HTTP_GET_SCRIPT,
+                &url,
+            ]));
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            if out.status.success() {
+                if let Ok(v) = serde_json::from_str::<Value>(stdout.trim()) {
+                    return v;
+                }
+            }
+            if start.elapsed() > timeout {
+                self.dump_logs();
+                panic!(
+                    "{service}'s Serve proxy did not answer {url} within {timeout:?}\n--- stdout\n{stdout}\n--- stderr\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
+    /// The engine containers (running or not) the shim of `service`
+    /// created, as "id image" lines; only those of `image` when given.
+    fn engine_containers(&self, service: &str, image: Option<&str>) -> Vec<String> {
+        let mut cmd = Command::new("docker");
+        cmd.args(["ps", "-a", "--format", "{{.ID}} {{.Image}} {{.Status}}"])
+            .args([
+                "--filter",
+                &format!("label=io.argus.shim.owner={}", self.container(service)),
+            ]);
+        run(&mut cmd)
+            .lines()
+            .filter(|l| image.is_none_or(|i| l.split_whitespace().nth(1) == Some(i)))
+            .map(String::from)
+            .collect()
+    }
+
+    /// The processes in `service`'s container (engine containers share its
+    /// PID namespace) whose command line starts with `prefix`, as "pid
+    /// command" lines.
+    fn processes(&self, service: &str, prefix: &str) -> Vec<String> {
+        let out = output(Command::new("docker").args([
+            "exec",
+            &self.container(service),
+            "pgrep",
+            "-a",
+            "-f",
+            &format!("^{prefix}"),
+        ]));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+
+    /// Waits until `what` (a description) holds, polling `check`, which
+    /// returns None when it holds or what is still wrong; returns the time
+    /// it took.
+    fn wait_until(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut() -> Option<String>,
+    ) -> Duration {
+        let start = Instant::now();
+        loop {
+            match check() {
+                None => {
+                    let took = start.elapsed();
+                    log(&format!("{what}: after {:.1}s", took.as_secs_f64()));
+                    return took;
+                }
+                Some(wrong) if start.elapsed() > timeout => {
+                    self.dump_logs();
+                    panic!("{what}: not within {timeout:?}; still: {wrong}");
+                }
+                Some(_) => std::thread::sleep(Duration::from_millis(500)),
+            }
+        }
+    }
+
+    /// Returns None when the workers run exactly `n` replicas of Serve
+    /// application `app` in engine containers of `image` (processes and
+    /// containers both), else what they run.
+    fn replicas_wrong(&self, app: &str, image: &str, n: usize) -> Option<String> {
+        let mut procs = 0;
+        let mut containers = 0;
+        let mut seen = Vec::new();
+        for w in ["worker-1", "worker-2"] {
+            let p = self.processes(w, &format!("ray::ServeReplica:{app}:"));
+            let c = self.engine_containers(w, Some(image));
+            procs += p.len();
+            containers += c.len();
+            seen.push(format!("{w}: processes {p:?}, containers {c:?}"));
+        }
+        (procs != n || containers != n).then(|| seen.join("; "))
+    }
+
+    /// Returns None when no node runs a Serve replica or an engine
+    /// container, else what is left.
+    fn serve_leftovers(&self) -> Option<String> {
+        let mut left = Vec::new();
+        for s in SERVICES {
+            let p = self.processes(s, "ray::ServeReplica");
+            let c = self.engine_containers(s, None);
+            if !p.is_empty() || !c.is_empty() {
+                left.push(format!("{s}: processes {p:?}, containers {c:?}"));
+            }
+        }
+        (!left.is_empty()).then(|| left.join("; "))
+    }
+}
+
+/// Checks an answer of the stand-in engine app (docker/engine/serve/vllm):
+/// served from inside engine image `version` with Ray 2.53.0; with
+/// `run_options` also the `--env` of the config and the model cache file
+/// through the read-only bind.
+fn assert_engine_answer(who: &str, r: &Value, version: &str, run_options: bool) {
+    assert_eq!(
+        (r["version"].as_str(), r["ray"].as_str()),
+        (Some(version), Some(RAY_VERSION)),
+        "{who} was not served from engine image {version}: {r}"
+    );
+    if run_options {
+        assert_eq!(
+            r["env"]["VLLM_LOGGING_LEVEL"], "DEBUG",
+            "{who}: the run_options --env did not reach the engine: {r}"
+        );
+        assert_eq!(
+            r["model_files"]["model.txt"], "weights-v1\n",
+            "{who}: the model cache is not readable through the run_options bind: {r}"
+        );
+    }
+}
+
+/// Brings up the GCS FT cluster, deploys both example applications with
+/// `replicas` each and waits until they run in engine containers.
+fn serve_cluster(replicas: u32) -> (Cluster, Vec<String>, Vec<Node>) {
+    require_docker();
+    build_images(true);
+    build_redis_image();
+    let c = Cluster::up_with(&[], &["docker-compose.gcs-ft.yaml"]);
+    let nodes = c.wait_nodes("three nodes alive", Duration::from_secs(240), |n| {
+        n.len() == 3
+    });
+    let configs = c.serve_configs(&engine_image("stub-a"), &engine_image("stub-b"));
+    let (uri, cont) = (SERVE_URI_APP.0, SERVE_CONTAINER_APP.0);
+    let t = Instant::now();
+    c.serve_deploy(&configs, &[(uri, replicas), (cont, replicas)]);
+    c.wait_serve_running(
+        &[(uri, replicas), (cont, replicas)],
+        Duration::from_secs(600),
+    );
+    log(&format!(
+        "serve deploy -> both applications RUNNING: {:.1}s",
+        t.elapsed().as_secs_f64()
+    ));
+    c.wait_replicas(replicas, replicas, Duration::from_secs(120));
+    (c, configs, nodes)
+}
+
+impl Cluster {
+    /// Waits until the workers run `uri` image_uri and `cont` container
+    /// replicas, each in an engine container of its image.
+    fn wait_replicas(&self, uri: u32, cont: u32, timeout: Duration) -> Duration {
+        self.wait_until(
+            &format!("{uri} image_uri + {cont} container replicas in engine containers"),
+            timeout,
+            || {
+                self.replicas_wrong(SERVE_URI_APP.0, &engine_image("stub-a"), uri as usize)
+                    .or_else(|| {
+                        self.replicas_wrong(
+                            SERVE_CONTAINER_APP.0,
+                            &engine_image("stub-b"),
+                            cont as usize,
+                        )
+                    })
+            },
+        )
+    }
+
+    /// Each worker's Serve proxy answers both routes from inside the
+    /// engine images, with the container form's run options.
+    fn check_serve_answers(&self, when: &str) {
+        for w in ["worker-1", "worker-2"] {
+            let (_, route) = SERVE_URI_APP;
+            let r = self.serve_get(w, route, Duration::from_secs(120));
+            log(&format!("{when}: {w} {route}: {r}"));
+            assert_engine_answer(&format!("{w} {route}"), &r, "stub-a", false);
+            let (_, route) = SERVE_CONTAINER_APP;
+            let r = self.serve_get(w, route, Duration::from_secs(120));
+            log(&format!("{when}: {w} {route}: {r}"));
+            assert_engine_answer(&format!("{w} {route}"), &r, "stub-b", true);
+        }
+    }
+
+    /// `serve shutdown -y` as the Ray user in the head.
+    fn serve_shutdown(&self) {
+        log("serve shutdown -y");
+        run(Command::new("docker").args([
+            "exec",
+            "-u",
+            "ray",
+            &self.container("head"),
+            "serve",
+            "shutdown",
+            "-y",
+            "-a",
+            "http://127.0.0.1:8265",
+        ]));
+    }
+
+    /// Runs docker/serve/reap_dead_actors.py as the Ray user on `service`
+    /// against this cluster's GCS; returns its JSON report.
+    fn reap_dead_actors(&self, service: &str) -> Value {
+        let script = workspace_root().join("docker/serve/reap_dead_actors.py");
+        let script = std::fs::read_to_string(&script)
+            .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+        let gcs = format!("{}:6379", self.ip("head"));
+        let out = with_stdin(
+            &[
+                "exec",
+                "-u",
+                "ray",
+                "-i",
+                &self.container(service),
+                "timeout",
+                "60",
+                "python",
+                "-",
+                &gcs,
+            ],
+            &script,
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "reap_dead_actors.py on {service} failed\n--- stdout\n{stdout}\n--- stderr\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+    }
+}
+
+/// Issue 16: Ray Serve on the compose cluster (GCS FT), deployed with
+/// `serve deploy` from docker/serve/'s configs, one application in the
+/// `image_uri` form and one in the `container` form (with run_options: an
+/// --env and the model cache read-only). Each worker's proxy answers from
+/// inside the engine image; scaling a deployment up and down adds and
+/// removes engine containers; deleting an application and `serve shutdown`
+/// leave no engine container and no replica process on any node.
+#[test]
+fn serve_replicas_run_in_engine_containers_scale_and_leave_nothing_after_delete_and_shutdown() {
+    elapsed_since_start();
+    let (c, configs, _) = serve_cluster(2);
+    let (uri, cont) = (SERVE_URI_APP.0, SERVE_CONTAINER_APP.0);
+    c.check_serve_answers("deployed");
+
+    let t = Instant::now();
+    c.serve_deploy(&configs, &[(uri, 4), (cont, 2)]);
+    c.wait_serve_running(&[(uri, 4), (cont, 2)], Duration::from_secs(600));
+    c.wait_replicas(4, 2, Duration::from_secs(120));
+    log(&format!(
+        "scale up 2 -> 4: {:.1}s to 4 replicas in engine containers",
+        t.elapsed().as_secs_f64()
+    ));
+    let t = Instant::now();
+    c.serve_deploy(&configs, &[(uri, 1), (cont, 2)]);
+    let serve = c.wait_serve_running(&[(uri, 1), (cont, 2)], Duration::from_secs(300));
+    c.wait_replicas(1, 2, CLEANUP_DEADLINE);
+    log(&format!(
+        "scale down 4 -> 1: serve status RUNNING at 1 after {:.1}s, the 3 engine containers gone after {:.1}s",
+        serve.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    ));
+
+    let t = Instant::now();
+    c.serve_deploy(&configs, &[(cont, 2)]);
+    c.wait_replicas(0, 2, CLEANUP_DEADLINE);
+    log(&format!(
+        "delete the image_uri application -> its replica and engine container gone: {:.1}s",
+        t.elapsed().as_secs_f64()
+    ));
+    let r = c.serve_get("worker-2", SERVE_CONTAINER_APP.1, Duration::from_secs(60));
+    assert_engine_answer("worker-2 after the delete", &r, "stub-b", true);
+    let t = Instant::now();
+    c.serve_shutdown();
+    c.wait_until(
+        "serve shutdown: no replica process or engine container on any node",
+        CLEANUP_DEADLINE,
+        || c.serve_leftovers(),
+    );
+    log(&format!(
+        "serve shutdown -> no replica or engine container left: {:.1}s",
+        t.elapsed().as_secs_f64()
+    ));
+}
+
+/// Issue 16: after a head failover (GCS FT: docker kill + docker start of
+/// the head container) each worker's proxy still answers from the engine
+/// images; deleting the applications and `serve shutdown` then leave no
+/// replica or engine container once docker/serve/reap_dead_actors.py has
+/// run on the workers. Ray 2.53.0 leaves the replicas created before the
+/// GCS restart running although it holds them DEAD (its GCS restores no
+/// raylet address for them: ray-project/ray#63763); the test prints what
+/// the reaper killed.
+#[test]
+fn serve_replicas_answer_after_head_failover_and_are_reaped_after_delete_and_shutdown() {
+    elapsed_since_start();
+    let (c, configs, nodes) = serve_cluster(1);
+    let (uri, cont) = (SERVE_URI_APP.0, SERVE_CONTAINER_APP.0);
+    c.check_serve_answers("deployed");
+
+    let head = c.container("head");
+    let head_ip = c.ip("head");
+    let workers: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.ip != head_ip)
+        .map(|n| n.id.clone())
+        .collect();
+    log("fault: docker kill + docker start of the head container (GCS FT on)");
+    let t = Instant::now();
+    run(Command::new("docker").args(["kill", &head]));
+    run(Command::new("docker").args(["start", &head]));
+    c.wait_nodes(
+        "3 nodes alive, the workers with their old node ids",
+        Duration::from_secs(240),
+        |n| n.len() == 3 && workers.iter().all(|w| n.iter().any(|x| &x.id == w)),
+    );
+    c.wait_serve_running(&[(uri, 1), (cont, 1)], Duration::from_secs(600));
+    log(&format!(
+        "head kill+start -> Serve RUNNING again: {:.1}s",
+        t.elapsed().as_secs_f64()
+    ));
+    c.check_serve_answers("after the head failover");
+    c.wait_replicas(1, 1, Duration::from_secs(120));
+
+    let t = Instant::now();
+    c.serve_deploy(&configs, &[(cont, 1)]);
+    c.serve_shutdown();
+    // Serve is done with them when no application is left; what still runs
+    // then is what Ray lost.
+    c.wait_until(
+        "serve shutdown: no application left",
+        CLEANUP_DEADLINE,
+        || match c.serve_status() {
+            Ok(v) if v["applications"].as_object().is_none_or(|a| a.is_empty()) => None,
+            Ok(v) => Some(v.to_string()),
+            Err(e) => Some(e),
+        },
+    );
+    log(&format!(
+        "delete + serve shutdown -> no application: {:.1}s; left before reaping: {}",
+        t.elapsed().as_secs_f64(),
+        c.serve_leftovers().unwrap_or_else(|| "nothing".into())
+    ));
+    c.wait_until(
+        "after reaping: no replica process or engine container on any node",
+        CLEANUP_DEADLINE,
+        || {
+            for w in ["worker-1", "worker-2"] {
+                let r = c.reap_dead_actors(w);
+                if r["killed"].as_array().is_some_and(|k| !k.is_empty()) {
+                    log(&format!("reap_dead_actors.py on {w}: {r}"));
+                }
+            }
+            c.serve_leftovers()
+        },
+    );
+    log(&format!(
+        "delete + serve shutdown after a head failover -> nothing left (with the reaper): {:.1}s",
+        t.elapsed().as_secs_f64()
+    ));
 }
