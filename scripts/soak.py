@@ -2,16 +2,24 @@
 """Chaos soak of the compose cluster (issue 9.3); scripts/soak.sh builds the
 images and runs this.
 
-Brings up docker-compose.yaml as its own project (head + two workers), then
-injects N faults drawn at random (seeded) from FAULTS. After each fault it
-waits, up to the fault kind's bound, until the cluster has recovered (3 alive
-Ray nodes, one per container, and a valid head record from
-`argus-agent head --json` in the head), then checks the invariants:
+Brings up docker-compose.yaml as its own project (head + two workers, the
+`lb` Serve endpoint, and by default docker-compose.gcs-ft.yaml's Redis: GCS
+fault tolerance, as scripts/cluster-up.sh does; --no-gcs-ft leaves it out),
+deploys a Serve application in the stand-in engine image
+(docker/serve/engine-image-uri.yaml), then injects N faults drawn at random
+(seeded) from FAULTS. After each fault it waits, up to the fault kind's
+bound, until the cluster has recovered (3 alive Ray nodes, one per
+container, and a valid head record from `argus-agent head --json` in the
+head), then checks the invariants:
+  serve    the Serve endpoint answers through the lb service from inside the
+           engine image (without GCS fault tolerance a head fault loses the
+           application: it is deployed again first, and the row says so)
   task     a runtime_env container task succeeds (stand-in engine image)
   engines  no engine container (label io.argus.shim.owner) of this project
            whose owner node container is not running
-  procs    no zombie and no orphan in any node container (PID 1's only child
-           is `ray start`; nothing else re-parented to it)
+  procs    no zombie and no orphan in any node container (PID 1's children
+           are `ray start` and at most one podman-call handler per running
+           podman client; nothing else re-parented to it)
   rss      agent (PID 1) RSS at the end not above its first value by more
            than --rss-growth-kib (per node; checked at the end)
 Prints one row per fault and a summary; exit 1 when any invariant broke,
@@ -53,10 +61,12 @@ def log(msg):
 
 
 def sh(args, timeout=120, check=False, stdin=None):
-    """Runs a command; returns (exit code, stdout, stderr)."""
+    """Runs a command (stdin: a text fed to it, or None); returns (exit
+    code, stdout, stderr)."""
     try:
         p = subprocess.run(
-            args, capture_output=True, text=True, timeout=timeout, stdin=stdin
+            args, capture_output=True, text=True, timeout=timeout,
+            input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
         return 124, "", f"timed out after {timeout}s: {' '.join(args)}"
@@ -83,8 +93,13 @@ class Cluster:
         os.chmod(self.cache, 0o755)
         self.compose = compose_tool()
         self.env = dict(os.environ)
+        self.files = ["docker-compose.yaml"] + ([] if opts.no_gcs_ft else ["docker-compose.gcs-ft.yaml"])
+        self.serve_port = opts.serve_port
         self.env.update(
             ARGUS_NODE_IMAGE=opts.node_image,
+            ARGUS_LB_IMAGE=opts.lb_image,
+            ARGUS_REDIS_IMAGE=opts.redis_image,
+            ARGUS_SERVE_HOST_PORT=str(opts.serve_port),
             ARGUS_MODEL_CACHE=self.cache,
             ARGUS_DASHBOARD_HOST_PORT=str(opts.dashboard_port),
             ARGUS_TTL_S=str(opts.ttl_s),
@@ -96,7 +111,9 @@ class Cluster:
         self.ids = {}
 
     def run(self, *args, timeout=300, check=True):
-        cmd = self.compose + ["-p", self.project, "-f", os.path.join(REPO, "docker-compose.yaml")]
+        cmd = self.compose + ["-p", self.project]
+        for f in self.files:
+            cmd += ["-f", os.path.join(REPO, f)]
         p = subprocess.run(
             cmd + list(args), capture_output=True, text=True, env=self.env, cwd=REPO, timeout=timeout
         )
@@ -122,7 +139,7 @@ class Cluster:
 
     def ray_nodes(self):
         with open(os.path.join(REPO, "docker/tools/ray_nodes.py")) as f:
-            rc, out, err = self.exec("head", "timeout", "60", "python", "-", stdin=f, timeout=90, user="ray")
+            rc, out, err = self.exec("head", "timeout", "60", "python", "-", stdin=f.read(), timeout=90, user="ray")
         if rc != 0:
             return None, err.strip().splitlines()[-1:] or [f"exit {rc}"]
         return json.loads(out), None
@@ -192,6 +209,27 @@ class Cluster:
             time.sleep(1)
         return time.monotonic() - t0, why
 
+    def serve_deploy(self, image):
+        """Deploys docker/serve/engine-image-uri.yaml with `image` as the Ray
+        user in the head; returns None or why it failed."""
+        with open(os.path.join(REPO, "docker/serve/engine-image-uri.yaml")) as f:
+            config = f.read().replace("${ENGINE_IMAGE}", image)
+        rc, out, err = self.exec(
+            "head", "sh", "-c",
+            "cat > /tmp/ray/tmp/soak-serve.yaml && serve deploy -a http://127.0.0.1:8265 /tmp/ray/tmp/soak-serve.yaml",
+            user="ray", stdin=config, timeout=180)
+        return None if rc == 0 else f"serve deploy failed (rc {rc}): {(err.strip().splitlines() or [out.strip()])[-1][:200]}"
+
+    def serve_get(self, timeout=10):
+        """GET /uri through the lb service's published port: (JSON, None) or
+        (None, why)."""
+        import urllib.request
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.serve_port}/uri", timeout=timeout) as r:
+                return json.loads(r.read()), None
+        except Exception as e:  # any failure is the answer
+            return None, f"{type(e).__name__}: {e}"
+
     def agent_rss_kib(self, service):
         rc, out, _ = self.exec(service, "cat", "/proc/1/status", timeout=30)
         for line in out.splitlines() if rc == 0 else []:
@@ -238,6 +276,7 @@ class Soak:
         self.rows = []
         self.rss_first = {}
         self.rss_last = {}
+        self.serve_notes = []
 
     # --- faults -----------------------------------------------------------
     def fault(self, kind):
@@ -245,8 +284,11 @@ class Soak:
         whose Ray node must come back under a new id."""
         c = self.c
         w = self.rng.choice(WORKERS)
+        # With GCS fault tolerance the workers ride a head fault through
+        # (same Ray node ids); without it every node comes back as a new one.
+        head_fault = ["head"] if not self.o.no_gcs_ft else SERVICES
         self.renewed = {"raylet_kill": [w], "worker_restart": [w], "worker_stop_start": [w],
-                        "gcs_kill": SERVICES, "head_kill_start": SERVICES}.get(kind, [])
+                        "gcs_kill": head_fault, "head_kill_start": head_fault}.get(kind, [])
         if kind == "raylet_kill":
             rc, _, err = c.exec(w, "pkill", "-KILL", "-x", "raylet", user="0")
             return f"{w}: pkill -KILL raylet (rc {rc})"
@@ -313,6 +355,29 @@ class Soak:
             driver.wait()
 
     # --- invariants -------------------------------------------------------
+    def check_serve(self, kind=None):
+        """The endpoint answers through lb from the engine image within
+        --serve-bound-s. Without GCS fault tolerance a head fault loses the
+        application (the GCS state is gone): it is deployed again first."""
+        note = ""
+        if kind in ("gcs_kill", "head_kill_start") and self.o.no_gcs_ft:
+            why = self.c.serve_deploy(self.o.engine_image)
+            if why:
+                return why
+            note = " (redeployed: no GCS fault tolerance)"
+        want = self.o.engine_image.rsplit(":", 1)[-1].split("-ray")[0]
+        t0 = time.monotonic()
+        while True:
+            r, why = self.c.serve_get()
+            if r is not None and r.get("version") == want:
+                self.serve_notes.append(f"{time.monotonic() - t0:.1f} s{note}")
+                return None
+            if r is not None:
+                why = f"answered {r}"
+            if time.monotonic() - t0 > self.o.serve_bound_s:
+                return f"the Serve endpoint did not answer from {want} within {self.o.serve_bound_s} s{note}: {why}"
+            time.sleep(1)
+
     def check_task(self):
         rc, out, err = self.c.exec(
             "head", "timeout", str(self.o.task_timeout_s), "python", "-c",
@@ -356,8 +421,17 @@ class Soak:
             for s in SERVICES:
                 rows = self.c.procs(s)
                 zombies = [f"{p}({a[:30]})" for p, pp, st, a in rows if st.startswith("Z")]
-                orphans = [f"{p}({a[:40]})" for p, pp, st, a in rows if pp == 1 and " start " not in f" {a} "]
+                # PID 1's own children: `ray start`, and one podman-call
+                # handler (`argus-agent __shim-handle`) per podman client
+                # that is still running (a Serve replica's engine lives as
+                # long as its replica).
+                handlers = [p for p, pp, st, a in rows if pp == 1 and "__shim-handle" in a]
+                clients = [p for p, pp, st, a in rows if a.startswith("podman ")]
+                orphans = [f"{p}({a[:40]})" for p, pp, st, a in rows
+                           if pp == 1 and " start " not in f" {a} " and "__shim-handle" not in a]
                 starts = [p for p, pp, st, a in rows if pp == 1 and " start " in f" {a} "]
+                if len(handlers) > len(clients):
+                    bad.append(f"{s}: {len(handlers)} podman handlers for {len(clients)} podman clients")
                 if zombies:
                     bad.append(f"{s}: zombies {zombies}")
                 if orphans:
@@ -395,6 +469,12 @@ class Soak:
             log(f"the first runtime_env task failed: {why}")
             self.dump()
             return 1
+        why = c.serve_deploy(self.o.engine_image) or self.check_serve()
+        if why:
+            log(f"the Serve application did not come up: {why}")
+            self.dump()
+            return 1
+        log(f"Serve endpoint answers through lb (port {c.serve_port}) after {self.serve_notes[-1]}")
         self.sample_rss()
         for i, kind in enumerate(fault_plan(self.rng, self.o.faults, self.o.each_kind), start=1):
             bound = self.o.bound.get(kind, FAULTS[kind])
@@ -412,12 +492,15 @@ class Soak:
                 broken.append(f"recovery > {bound} s: {why}")
             if "FAILED" in what or "injection failed" in what:
                 broken.append(what)
-            for name, check in (("task", self.check_task), ("engines", self.check_engines), ("procs", self.check_procs)):
+            checks = (("serve", lambda: self.check_serve(kind)), ("task", self.check_task),
+                      ("engines", self.check_engines), ("procs", self.check_procs))
+            for name, check in checks:
                 r = check()
                 if r:
                     broken.append(f"{name}: {r}")
             self.sample_rss()
-            row = dict(n=i, kind=kind, what=what, recovery_s=round(took, 1), bound_s=bound, broken=broken)
+            serve = self.serve_notes[-1] if not any(b.startswith("serve:") for b in broken) else "-"
+            row = dict(n=i, kind=kind, what=what, recovery_s=round(took, 1), bound_s=bound, broken=broken, serve=serve)
             self.rows.append(row)
             rss = " ".join(f"{k}={v}" for k, v in self.rss_last.items())
             log(f"fault {i}/{self.o.faults} {kind}: recovered in {took:.1f} s; "
@@ -427,10 +510,10 @@ class Soak:
         return self.report()
 
     def report(self):
-        print(f"\n{'#':>3}  {'fault':<18} {'recovery s':>10} {'bound s':>7}  invariants")
+        print(f"\n{'#':>3}  {'fault':<18} {'recovery s':>10} {'bound s':>7}  {'serve answers after':<20} invariants")
         for r in self.rows:
             inv = "ok" if not r["broken"] else "BROKEN: " + " | ".join(r["broken"])
-            print(f"{r['n']:>3}  {r['kind']:<18} {r['recovery_s']:>10} {r['bound_s']:>7}  {inv}   ({r['what']})")
+            print(f"{r['n']:>3}  {r['kind']:<18} {r['recovery_s']:>10} {r['bound_s']:>7}  {r['serve']:<20} {inv}   ({r['what']})")
         survived = sum(1 for r in self.rows if not r["broken"])
         print(f"\nfaults survived: {survived}/{self.o.faults} (seed {self.o.seed})"
               + ("" if len(self.rows) == self.o.faults else f", interrupted after {len(self.rows)}"))
@@ -465,6 +548,13 @@ def parse():
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
     p.add_argument("--node-image", default="argus/argus-ray-node:soak")
     p.add_argument("--engine-image", default="localhost/neutree/engine-vllm:stub-a-ray2.53.0")
+    p.add_argument("--lb-image", default="argus/argus-lb:soak")
+    p.add_argument("--redis-image", default="argus/argus-redis:soak")
+    p.add_argument("--no-gcs-ft", action="store_true",
+                   help="without docker-compose.gcs-ft.yaml (a head fault then loses the Serve app)")
+    p.add_argument("--serve-bound-s", type=int, default=120,
+                   help="time for the Serve endpoint to answer after recovery (120)")
+    p.add_argument("--serve-port", type=int, default=0, help="host port of lb (default: a free one)")
     p.add_argument("--project", default=f"argus-soak-{os.getpid()}", help="compose project name")
     p.add_argument("--bound", action="append", default=[], metavar="KIND=S",
                    help="recovery bound of a fault kind, e.g. gcs_kill=200 (defaults: "
@@ -496,12 +586,13 @@ def parse():
     o.bound = bounds
     if o.seed is None:
         o.seed = random.SystemRandom().randrange(1 << 31)
-    if not o.dashboard_port:
-        import socket
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        o.dashboard_port = s.getsockname()[1]
-        s.close()
+    import socket
+    for attr in ("dashboard_port", "serve_port"):
+        if not getattr(o, attr):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            setattr(o, attr, s.getsockname()[1])
+            s.close()
     return o
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Chaos soak of the compose cluster (issue 9.3): real Docker, real Ray, the
-# node image of this checkout and the stand-in engine image.
+# node image of this checkout and the stand-in engine image, with GCS fault
+# tolerance (Redis) and the Serve endpoint (lb) as scripts/cluster-up.sh
+# brings them up (--no-gcs-ft: without the Redis).
 #
 #   scripts/soak.sh [--faults N] [--seed S] [--no-build] [soak.py options]
 #
@@ -39,4 +41,11 @@ if [ $build = 1 ]; then
   docker image inspect "$engine" >/dev/null 2>&1 ||
     scripts/build-images.sh engine --local-base --no-vllm --engine-version stub-a >/dev/null
 fi
-exec python3 scripts/soak.py --node-image "$node_image" --engine-image "$engine" "${args[@]}"
+# The Serve endpoint (lb) and GCS fault tolerance's Redis: built when missing,
+# also with --no-build (they do not depend on this checkout's agent).
+lb_image=argus/argus-lb:$ARGUS_VERSION
+redis_image=argus/argus-redis:$ARGUS_VERSION
+docker image inspect "$lb_image" >/dev/null 2>&1 || scripts/build-images.sh lb --local-base >/dev/null
+docker image inspect "$redis_image" >/dev/null 2>&1 || scripts/build-images.sh redis --local-base >/dev/null
+exec python3 scripts/soak.py --node-image "$node_image" --engine-image "$engine" \
+  --lb-image "$lb_image" --redis-image "$redis_image" "${args[@]}"
