@@ -70,7 +70,10 @@ def log(msg):
 
 
 def run(cmd, timeout=120, check=True, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=check, **kw)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    if check and p.returncode:
+        raise SystemExit(f"bench-serve: {' '.join(cmd)} exited {p.returncode}: {(p.stderr or p.stdout).strip()[-1500:]}")
+    return p
 
 
 def wait(cond, timeout, what, every=1.0):
@@ -88,7 +91,12 @@ class Cluster:
         self.a, self.gcs_ft = a, gcs_ft
         self.project = f"{a.project}-{'ft' if gcs_ft else 'noft'}"
         self.files = ["-f", "docker-compose.yaml"] + (["-f", "docker-compose.gcs-ft.yaml"] if gcs_ft else [])
+        v = os.environ.get("ARGUS_VERSION", "dev")
         self.env = dict(os.environ, COMPOSE_PROJECT_NAME=self.project,
+                        # the images cluster-up.sh uses, for this script's own compose calls
+                        ARGUS_NODE_IMAGE=os.environ.get("ARGUS_NODE_IMAGE", f"argus/argus-ray-node:{v}"),
+                        ARGUS_REDIS_IMAGE=os.environ.get("ARGUS_REDIS_IMAGE", f"argus/argus-redis:{v}"),
+                        ARGUS_LB_IMAGE=os.environ.get("ARGUS_LB_IMAGE", f"argus/argus-lb:{v}"),
                         ARGUS_SERVE_HOST_PORT=str(a.serve_port),
                         ARGUS_DASHBOARD_HOST_PORT=str(a.dashboard_port),
                         ARGUS_CLUSTER_NAME=self.project)
@@ -316,7 +324,10 @@ def inject(c, fault):
     if fault == "head-recreate":
         t0 = time.time()
         run(["docker", "rm", "-f", c.cid("head")])
-        c.compose("up", "-d", "--no-deps", "--no-build", "head")
+        p = c.compose("up", "-d", "--no-deps", "--no-build", "head", check=False)
+        if p.returncode:  # say why, then once more
+            log(f"{c.project}: compose up -d head failed: {(p.stderr or p.stdout).strip()[-800:]}")
+            c.compose("up", "-d", "--no-deps", "--no-build", "head")
         c.remember()
         return t0, "head"
     if fault == "worker-restart":
@@ -476,9 +487,8 @@ def main():
             for f in faults:
                 try:
                     results.append(fault_run(c, f, a))
-                except SystemExit as e:  # the cluster did not come back: the rest of this mode is moot
+                except SystemExit as e:  # the fault could not be run or the cluster did not come back
                     print(f"\n## {f} ({'GCS FT' if c.gcs_ft else 'no GCS FT'}): not run: {e}", flush=True)
-                    break
         finally:
             c.down()
     table(results)
