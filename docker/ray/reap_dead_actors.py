@@ -14,7 +14,9 @@ and the worker process (for an ``image_uri``/``container`` actor: its engine
 container) keeps running and keeps its resources in the raylet for good.
 Fixed upstream after 2.53 (ray-project/ray#63763, PR #63764).
 
-What this does, run on a node as the Ray user (no driver, no dashboard: one
+The node image carries it as /opt/argus/reap_dead_actors.py, and a worker
+agent whose Ray rode a head restart through runs it every 30 s as the Ray
+user (agent/src/node/actor_reaper.rs). By hand (no driver, no dashboard: one
 gRPC call to the GCS)::
 
     docker exec -u ray -i <node> python - <gcs ip:port> < reap_dead_actors.py

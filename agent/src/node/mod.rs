@@ -62,6 +62,7 @@ const WITHDRAW_BOUND: Duration = Duration::from_millis(1000);
 /// Consecutive failures from which a crash loop is reported.
 const CRASH_LOOP_AFTER: u32 = 3;
 
+mod actor_reaper;
 mod head;
 mod janitor;
 mod probe;
@@ -167,6 +168,8 @@ pub struct Node {
     janitor: Option<Janitor>,
     /// Connection probes run here, never on the loop itself.
     prober: Prober,
+    /// Worker: kills what Ray 2.53 leaks after a GCS restart.
+    actor_reaper: Option<actor_reaper::ActorReaper>,
 }
 
 impl Node {
@@ -218,6 +221,7 @@ impl Node {
             storage_hung_logged: false,
             janitor: None,
             prober: Prober::start(tx.clone()),
+            actor_reaper: None,
             tx,
         }
     }
@@ -246,6 +250,10 @@ impl Node {
         self.write_status();
         self.janitor = Some(Janitor::start(&self.stop));
         if matches!(self.role, RoleState::Worker(_)) {
+            self.actor_reaper = Some(actor_reaper::ActorReaper::start(
+                self.cfg.ray_user.clone(),
+                &self.stop,
+            ));
             let path = self.cfg.head_file.clone();
             match RecordReader::start(path, self.cfg.poll, self.cfg.file_events, self.tx.clone()) {
                 Ok(r) => self.reader = Some(r),

@@ -168,6 +168,11 @@ impl Node {
                     if let Some(r) = self.ray.as_mut() {
                         r.target = Some(t.clone());
                     }
+                    // The restarted GCS forgets where its restored actors
+                    // run: reap what it then kills without telling us.
+                    if let Some(a) = &self.actor_reaper {
+                        a.arm(Some(&t.address));
+                    }
                     self.worker().scheduled = Some(t.clone());
                     self.set_state(
                         NodeState::Running,
@@ -225,6 +230,9 @@ impl Node {
                     // evidence about this one.
                     let w = self.worker();
                     (w.gcs_down_since, w.next_gcs_probe, w.gcs_reported) = (None, None, false);
+                    if let Some(a) = &self.actor_reaper {
+                        a.arm(None);
+                    }
                     self.start_ray(Some(t));
                 }
             }

@@ -1,0 +1,114 @@
+//! Reaps the workers of actors that Ray 2.53's GCS holds dead but never
+//! killed (ray-project/ray#63763, fixed upstream after 2.53 by PR #63764).
+//!
+//! A GCS restarted with fault tolerance restores the actors that were alive
+//! from Redis but not the address of the raylet each one runs on. A later
+//! `ray.kill` of such an actor (Serve kills a replica on every scale-down,
+//! deleted application and `serve shutdown`) marks it DEAD and sends its
+//! node nothing ("Not sending KillLocalActorRequest because Actor has not
+//! been assigned a lease" in the GCS log): the worker process runs on for
+//! good, holding its resources in the raylet, and for a replica in an engine
+//! image its engine container (with a real vLLM: a GPU) stays too.
+//!
+//! So a worker whose Ray rode a head restart through runs
+//! `/opt/argus/reap_dead_actors.py <gcs address>` every 30 s, as the Ray
+//! user, on its own thread: one GCS call lists the DEAD actors, and those
+//! whose worker still runs on this node (checked by the worker's own log file
+//! and process title) get SIGKILL; the raylet frees their resources and the
+//! podman broker removes their engine containers. It stops when this node's
+//! Ray is restarted (a new Ray has no such actors) and does nothing where
+//! the script is missing (outside the node image).
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tracing::{debug, info, warn};
+
+use crate::supervise::privs::{confine, RayUser};
+use crate::supervise::{reaper, Stop};
+
+/// Where the node image puts the script (Dockerfile.node).
+pub(super) const SCRIPT: &str = "/opt/argus/reap_dead_actors.py";
+/// How often it runs while armed.
+const EVERY: Duration = Duration::from_secs(30);
+/// A run that takes longer is killed (the GCS may be down again).
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A handle to the reaper thread.
+pub(super) struct ActorReaper {
+    /// The GCS address to ask while armed.
+    gcs: Arc<Mutex<Option<String>>>,
+}
+
+impl ActorReaper {
+    /// Starts the thread (idle until [`ActorReaper::arm`]); it ends when
+    /// `stop` is requested.
+    pub(super) fn start(user: Option<RayUser>, stop: &Stop) -> Self {
+        let gcs = Arc::new(Mutex::new(None::<String>));
+        let (shared, stop) = (gcs.clone(), stop.clone());
+        let (wake, stopped) = mpsc::channel::<()>();
+        stop.on_request(move || {
+            let _ = wake.send(());
+        });
+        let spawned = std::thread::Builder::new()
+            .name("actor-reaper".into())
+            .spawn(move || {
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(EVERY) {
+                    let address = shared.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    if let Some(a) = address {
+                        reap_once(Path::new(SCRIPT), &a, user.as_ref(), &stop);
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start the dead-actor reaper");
+        }
+        Self { gcs }
+    }
+
+    /// Runs the reaper every 30 s against the GCS at `address` (after a
+    /// ride-through), or stops it (`None`: a new Ray).
+    pub(super) fn arm(&self, address: Option<&str>) {
+        let mut gcs = self.gcs.lock().unwrap_or_else(|e| e.into_inner());
+        if gcs.as_deref() != address {
+            debug!(?address, "dead-actor reaper armed for this gcs (None: off)");
+            *gcs = address.map(String::from);
+        }
+    }
+}
+
+/// Runs the script once; logs what it killed or why it failed.
+fn reap_once(script: &Path, gcs: &str, user: Option<&RayUser>, stop: &Stop) {
+    if !script.exists() {
+        return;
+    }
+    let mut cmd = Command::new("python");
+    cmd.arg(script).arg(gcs);
+    confine(&mut cmd, user);
+    match reaper::spawn_captured(&mut cmd, TIMEOUT, stop) {
+        Ok(c) if c.exit.is_some_and(|e| e.success()) => {
+            let out = String::from_utf8_lossy(&c.stdout);
+            let line = out.lines().last().unwrap_or_default();
+            let killed = serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v["killed"].as_array().cloned())
+                .unwrap_or_default();
+            if killed.is_empty() {
+                debug!(gcs, "no worker of a dead actor left on this node");
+            } else {
+                info!(gcs, killed = %serde_json::Value::Array(killed),
+                    "killed workers of actors the gcs holds dead (ray-project/ray#63763)");
+            }
+        }
+        Ok(c) => {
+            let err = String::from_utf8_lossy(&c.stderr);
+            warn!(gcs, exit = ?c.exit, timed_out = c.timed_out,
+                stderr = err.lines().last().unwrap_or_default(),
+                "the dead-actor reaper failed; trying again in 30 s");
+        }
+        Err(e) => warn!(error = %e, script = %script.display(), "cannot run the dead-actor reaper"),
+    }
+}
