@@ -200,10 +200,17 @@ fn sigterm_stops_ray_gracefully_and_exits_0() {
         .wait_exit(Duration::from_secs(10))
         .expect("agent did not exit");
     assert_eq!(st.code(), Some(0), "{}", a.log());
-    assert!(took < Duration::from_secs(3), "graceful stop took {took:?}");
+    // How fast is a benchmark's question (scripts/bench-node.py); here:
+    // Ray got SIGTERM and stopped on it, within the 10 s of `docker stop`.
+    eprintln!("graceful stop took {took:?}");
     assert!(
         sb.ray_events("g").iter().any(|e| e["event"] == "term"),
         "ray never got SIGTERM"
+    );
+    assert!(
+        !a.log().contains("did not stop within its grace"),
+        "a ray that stops on SIGTERM was killed:\n{}",
+        a.log()
     );
     assert!(!alive(ray_pid));
 }
@@ -234,13 +241,19 @@ fn sigterm_escalates_to_sigkill_when_ray_ignores_term() {
         .wait_exit(Duration::from_secs(10))
         .expect("agent did not exit");
     assert_eq!(st.code(), Some(0), "{}", a.log());
-    assert!(
-        took < Duration::from_secs(3),
-        "exit took {took:?}, grace is 2 s"
-    );
+    // The grace was honoured (a lower bound holds under any load), then
+    // the group was killed; the whole stop within `docker stop`'s 10 s
+    // (wait_exit above).
+    eprintln!("exit took {took:?} with a 2 s grace");
     assert!(
         took >= Duration::from_secs(2),
         "exit took {took:?}: grace not honoured"
+    );
+    assert!(
+        a.log()
+            .contains("did not stop within its grace; killing its process group"),
+        "no escalation to SIGKILL in the log:\n{}",
+        a.log()
     );
     for pid in std::iter::once(ray_pid).chain(kids) {
         assert!(!alive(pid), "pid {pid} left behind");
