@@ -495,7 +495,15 @@ print(json.dumps(ray.get(k.ping.remote(), timeout=60)))
     )
     .unwrap_or_else(|e| panic!("{e}\n{}", logs(&head, &worker)));
     assert_eq!(made[0], 1);
-    let worker_ray_pid = worker.status().unwrap()["ray_pid"].clone();
+    // The fault's effect is judged against the state just before it: on a
+    // loaded machine the worker's first raylet can give up during start-up
+    // (seen in CI under `stress-ng --cpu 2`: killed after 34 s, restarted
+    // once, all before the fault), which says nothing about the ride-through.
+    let before = worker.status().unwrap();
+    let (worker_ray_pid, restarts_before) = (before["ray_pid"].clone(), before["restarts"].clone());
+    if restarts_before != 0 {
+        eprintln!("note: the worker's Ray restarted before the fault: {before}");
+    }
 
     // SIGKILL the head's gcs_server: the head agent restarts its Ray, whose
     // GCS recovers from Redis at the same address.
@@ -533,7 +541,7 @@ print(json.dumps(ray.get(k.ping.remote(), timeout=60)))
         "the worker's Ray was restarted\n{}",
         logs(&head, &worker)
     );
-    assert_eq!(st["restarts"], 0, "{st}");
+    assert_eq!(st["restarts"], restarts_before, "{st}");
     assert!(worker.log().contains("ride-through"), "{}", worker.log());
     // The actor created before the fault answers after it, with its state.
     let after = driver(
