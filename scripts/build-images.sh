@@ -103,18 +103,15 @@ if [ $build_engine = 1 ]; then
   echo "$tag"
 fi
 
-if [ $build_redis = 1 ]; then
-  tag=argus/argus-redis:$ARGUS_VERSION
-  args=(-f Dockerfile.redis -t "$tag" --build-arg "BASE_IMAGE=$BASE_IMAGE")
+# build_on_base NAME DOCKERFILE: an image of Debian's packages on BASE_IMAGE
+# (the Redis and the load balancer), tagged argus/argus-NAME:$ARGUS_VERSION.
+build_on_base() {
+  local tag=argus/argus-$1:$ARGUS_VERSION
+  local args=(-f "$2" -t "$tag" --build-arg "BASE_IMAGE=$BASE_IMAGE")
   log "docker build ${args[*]} ."
   docker build "${args[@]}" . >&2
   echo "$tag"
-fi
+}
 
-if [ $build_lb = 1 ]; then
-  tag=argus/argus-lb:$ARGUS_VERSION
-  args=(-f Dockerfile.lb -t "$tag" --build-arg "BASE_IMAGE=$BASE_IMAGE")
-  log "docker build ${args[*]} ."
-  docker build "${args[@]}" . >&2
-  echo "$tag"
-fi
+if [ $build_redis = 1 ]; then build_on_base redis Dockerfile.redis; fi
+if [ $build_lb = 1 ]; then build_on_base lb Dockerfile.lb; fi
