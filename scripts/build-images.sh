@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Builds the node image and engine images from this checkout.
 #
-#   scripts/build-images.sh [node] [engine] [redis] [lb] [options]   (default: node)
+#   scripts/build-images.sh [node] [node-common] [engine] [redis] [lb] [options]   (default: node)
 #
+# node-common: only the node image's stage below the agent binary (no tag),
+#   so that the Docker build cache holds it before the agent is compiled:
+#   scripts/cluster-up.sh runs it next to `cargo build`, and the node build
+#   that follows only adds the binary.
 # Node: argus/argus-ray-node:$ARGUS_VERSION (default dev) from Dockerfile.node.
 # Redis: argus/argus-redis:$ARGUS_VERSION from Dockerfile.redis (Debian's
 #   redis-server on BASE_IMAGE), the GCS FT Redis of docker-compose.gcs-ft.yaml.
@@ -38,11 +42,12 @@ OFFICIAL_BASE=rayproject/ray:${RAY_VERSION}-py311
 log() { printf 'build-images: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-build_node=0 build_engine=0 build_redis=0 build_lb=0 prebuilt=0 cargo=1 local_base=0 install_vllm=1
+build_common=0 build_node=0 build_engine=0 build_redis=0 build_lb=0 prebuilt=0 cargo=1 local_base=0 install_vllm=1
 registry=localhost engine_version= agent_binary=target/release/argus-agent
 while [ $# -gt 0 ]; do
   case $1 in
     node) build_node=1 ;;
+    node-common) build_common=1 ;;
     engine) build_engine=1 ;;
     redis) build_redis=1 ;;
     lb) build_lb=1 ;;
@@ -58,7 +63,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ $build_node = 1 ] || [ $build_engine = 1 ] || [ $build_redis = 1 ] || [ $build_lb = 1 ] || build_node=1
+[ $build_common = 1 ] || [ $build_node = 1 ] || [ $build_engine = 1 ] || [ $build_redis = 1 ] || [ $build_lb = 1 ] || build_node=1
 engine_version=${engine_version:-v$VLLM_VERSION}
 
 command -v docker >/dev/null || die "docker CLI not found"
@@ -75,6 +80,12 @@ if [ -z "${BASE_IMAGE:-}" ]; then
   else
     BASE_IMAGE=$OFFICIAL_BASE
   fi
+fi
+
+if [ $build_common = 1 ]; then
+  args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" -f Dockerfile.node --target node-common)
+  log "docker build ${args[*]} . (cache only)"
+  docker build "${args[@]}" . >&2
 fi
 
 if [ $build_node = 1 ]; then

@@ -78,7 +78,35 @@ export ARGUS_REDIS_IMAGE=${ARGUS_REDIS_IMAGE:-argus/argus-redis:${ARGUS_VERSION:
 export ARGUS_LB_IMAGE=${ARGUS_LB_IMAGE:-argus/argus-lb:${ARGUS_VERSION:-dev}}
 export ARGUS_MODEL_CACHE=${ARGUS_MODEL_CACHE:-/tmp/argus-models}
 
+# The build runs what does not depend on each other side by side (measured on
+# a fresh machine in docs/images.md): the agent's cargo build next to the Ray
+# base image and then next to the node image's layers below the binary, the
+# Redis and lb images next to those; the node image then only adds the agent. Each step's
+# output goes to $ARGUS_BUILD_LOGS (target/cluster-up-logs), its time to stderr.
+build_logs=${ARGUS_BUILD_LOGS:-target/cluster-up-logs}
+t0=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
+# step NAME CMD...: runs CMD in the background, output to $build_logs/NAME.log;
+# its pid goes to pids[NAME].
+declare -A pids=()
+step() {
+  local name=$1; shift
+  ( s=$(date +%s); rc=0; "$@" >"$build_logs/$name.log" 2>&1 || rc=$?
+    log "  $name: exit $rc after $(( $(date +%s) - s )) s (log $build_logs/$name.log)"; exit $rc ) &
+  pids[$name]=$!
+}
+# finish NAME: waits for step NAME, dies with its log's tail when it failed.
+finish() {
+  wait "${pids[$1]}" || { tail -n 20 "$build_logs/$1.log" >&2; die "$1 failed (log $build_logs/$1.log)"; }
+}
+
 if [ $build = 1 ]; then
+  mkdir -p "$build_logs"
+  prebuilt=${ARGUS_PREBUILT:-$(command -v cargo >/dev/null && echo 1 || echo 0)}
+  if [ "$prebuilt" = 1 ]; then
+    log "building the agent (cargo build --release) alongside the base image"
+    step agent cargo build --release --locked -p argus-agent
+  fi
   if [ -z "${ARGUS_BASE_IMAGE:-}" ]; then
     if docker image inspect "$official" >/dev/null 2>&1 \
        || timeout 900 docker pull "$official" >/dev/null 2>&1; then
@@ -86,18 +114,28 @@ if [ $build = 1 ]; then
     else
       log "$official is neither here nor pullable: using a local Ray base"
       ARGUS_BASE_IMAGE=argus/ray-base:${RAY_VERSION}-py311
-      docker image inspect "$ARGUS_BASE_IMAGE" >/dev/null 2>&1 || scripts/build-base-image.sh
+      if ! docker image inspect "$ARGUS_BASE_IMAGE" >/dev/null 2>&1; then
+        step base scripts/build-base-image.sh
+        finish base
+      fi
     fi
   fi
   export ARGUS_BASE_IMAGE
-  prebuilt=${ARGUS_PREBUILT:-$(command -v cargo >/dev/null && echo 1 || echo 0)}
-  flags=(node)
-  [ "$prebuilt" = 1 ] && flags+=(--prebuilt)
-  BASE_IMAGE=$ARGUS_BASE_IMAGE ARGUS_VERSION=${ARGUS_NODE_IMAGE##*:} scripts/build-images.sh "${flags[@]}" >/dev/null
+  # The node image's layers below the agent binary, while cargo still runs.
+  step node-common env BASE_IMAGE="$ARGUS_BASE_IMAGE" scripts/build-images.sh node-common
   if [ "$gcs_ft" = 1 ]; then
-    BASE_IMAGE=$ARGUS_BASE_IMAGE ARGUS_VERSION=${ARGUS_REDIS_IMAGE##*:} scripts/build-images.sh redis >/dev/null
+    step redis env BASE_IMAGE="$ARGUS_BASE_IMAGE" ARGUS_VERSION="${ARGUS_REDIS_IMAGE##*:}" scripts/build-images.sh redis
   fi
-  BASE_IMAGE=$ARGUS_BASE_IMAGE ARGUS_VERSION=${ARGUS_LB_IMAGE##*:} scripts/build-images.sh lb >/dev/null
+  step lb env BASE_IMAGE="$ARGUS_BASE_IMAGE" ARGUS_VERSION="${ARGUS_LB_IMAGE##*:}" scripts/build-images.sh lb
+  flags=(node)
+  finish node-common
+  if [ "$prebuilt" = 1 ]; then
+    finish agent
+    flags+=(--prebuilt --agent-binary target/release/argus-agent)
+  fi
+  step node env BASE_IMAGE="$ARGUS_BASE_IMAGE" ARGUS_VERSION="${ARGUS_NODE_IMAGE##*:}" scripts/build-images.sh "${flags[@]}"
+  for name in node redis lb; do [ -z "${pids[$name]:-}" ] || finish "$name"; done
+  log "images built in $(elapsed)"
 fi
 
 mkdir -p "$ARGUS_MODEL_CACHE"
@@ -122,7 +160,7 @@ while :; do
     else
       log "GCS fault tolerance off (--no-gcs-ft): a head restart loses the cluster's state"
     fi
-    log "cluster up: $alive Ray nodes alive; dashboard http://localhost:${ARGUS_DASHBOARD_HOST_PORT:-8265}"
+    log "cluster up in $(elapsed): $alive Ray nodes alive; dashboard http://localhost:${ARGUS_DASHBOARD_HOST_PORT:-8265}"
     log "Serve endpoint (lb, the workers' Serve proxies): $serve_url"
     log "stop: ${compose[*]} down -v"
     exit 0

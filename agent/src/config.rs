@@ -262,6 +262,8 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_DISABLE_PRESTART", H, Kind::Bool, Value("no"), "skip the hook"),
     var("ARGUS_PRESTART_AS_ROOT", H, Kind::Bool, Value("no"), "run the hook with the agent's rights instead of as ARGUS_RAY_USER"),
     var("ARGUS_STOP_GRACE_S", N, Kind::Seconds { min: 0.1 }, Value("8"), "SIGTERM-to-SIGKILL grace for Ray on stop"),
+    var("ARGUS_METRICS_PORT", N, Kind::Port, Unset("(off)"), "serve Prometheus metrics on this port, all interfaces (`/metrics`; the node image's compose file uses 9478)"),
+    var("ARGUS_METRICS_LINGER_S", N, Kind::Seconds { min: 0.1 }, Value("30"), "with ARGUS_METRICS_PORT: how long a failed preflight keeps serving its metrics before the agent exits"),
     var("ARGUS_RAY_BIN", N, Kind::Program, Value("ray"), "the Ray CLI"),
     var("ARGUS_RAY_USER", N, Kind::Text, Unset("(the agent's user)"), "user Ray's tree and the pre-start hook run as (`user`, `uid`, `uid:gid`, `user:group`); the agent must be root to use another"),
     var("ARGUS_STATE_DIR", N, Kind::Path, Value("/run/argus"), "where status.json lives (local, not shared)"),
@@ -480,6 +482,19 @@ impl<'a> Reader<'a> {
             Ok(p) if (1..=65535).contains(&p) => Ok(p as u16),
             Ok(_) => Err(ConfigError::new(var.name, &v, "port out of range 1-65535")),
             Err(_) => Err(ConfigError::new(var.name, &v, "not a port number")),
+        }
+    }
+
+    /// Returns a port, or `None` when the variable is unset or empty.
+    pub fn opt_port(&mut self, name: &'static str) -> Result<Option<u16>, ConfigError> {
+        let var = lookup_var(name);
+        match self.value(name)? {
+            None => Ok(None),
+            Some(v) => match v.trim().parse::<u32>() {
+                Ok(p) if (1..=65535).contains(&p) => Ok(Some(p as u16)),
+                Ok(_) => Err(ConfigError::new(var.name, &v, "port out of range 1-65535")),
+                Err(_) => Err(ConfigError::new(var.name, &v, "not a port number")),
+            },
         }
     }
 
@@ -799,6 +814,10 @@ pub struct Config {
     pub worker_resources: BTreeMap<String, f64>,
     pub ray_extra_args: Vec<String>,
     pub stop_grace: Duration,
+    /// Serve metrics on this port (`ARGUS_METRICS_PORT`); None: off.
+    pub metrics_port: Option<u16>,
+    /// How long a failed preflight keeps serving metrics before the exit.
+    pub metrics_linger: Duration,
     pub ray_bin: String,
     /// The user Ray's tree runs as; None: the agent's own.
     pub ray_user: Option<crate::supervise::privs::RayUser>,
@@ -975,6 +994,8 @@ impl Config {
         let preflight = PreflightConfig::read(&mut r)?;
         let mut hook = HookConfig::read(&mut r)?;
         let stop_grace = r.seconds("ARGUS_STOP_GRACE_S")?;
+        let metrics_port = r.opt_port("ARGUS_METRICS_PORT")?;
+        let metrics_linger = r.seconds("ARGUS_METRICS_LINGER_S")?;
         let ray_bin = r.value("ARGUS_RAY_BIN")?.unwrap_or_default();
         let ray_user = read_ray_user(&mut r)?;
         if !hook.as_root {
@@ -1015,6 +1036,8 @@ impl Config {
             worker_resources,
             ray_extra_args,
             stop_grace,
+            metrics_port,
+            metrics_linger,
             ray_bin,
             ray_user,
             state_dir,

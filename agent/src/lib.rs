@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod hook;
+pub mod metrics;
 pub mod netinfo;
 pub mod node;
 pub mod preflight;

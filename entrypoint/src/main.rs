@@ -54,6 +54,9 @@ enum Command {
     },
     /// Exit 0 if and only if this node is healthy (for Docker HEALTHCHECK).
     Healthcheck,
+    /// Print this node's metrics in Prometheus' text format: live from
+    /// ARGUS_METRICS_PORT when set, else the agent's last snapshot.
+    Metrics,
     /// Read and show the discovery record with its age.
     Head {
         /// Print as JSON.
@@ -118,6 +121,7 @@ fn run() -> cmd::Outcome {
         Command::Preflight { json } => cmd::preflight::run(json),
         Command::Status { json } => cmd::status::run(json),
         Command::Healthcheck => cmd::status::healthcheck(),
+        Command::Metrics => cmd::status::metrics(),
         Command::Head { json } => cmd::head::run(json),
         Command::Podman { .. } => unreachable!("dispatched above"),
     }

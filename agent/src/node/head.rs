@@ -38,6 +38,8 @@ pub(super) struct HeadRole {
     pub(super) next_refresh: Option<Instant>,
     /// A record with our generation was published and not yet withdrawn.
     pub(super) published: bool,
+    /// When this head last wrote its record (the head's record age).
+    pub(super) published_at: Option<Instant>,
     /// The temp files earlier heads left were looked for (once per run,
     /// after the first publish).
     pub(super) pruned: bool,
@@ -209,6 +211,22 @@ pub(super) enum Rule {
     },
     /// The record stood unchanged for a TTL with inconclusive probes.
     Expired { unchanged: Duration },
+}
+
+impl Rule {
+    /// Returns the rule's `argus_head_takeovers_total` label (claims only;
+    /// the standby rules are never counted).
+    pub(super) fn label(&self) -> &'static str {
+        match self {
+            Rule::FirstHead => "first_head",
+            Rule::Withdrawn => "withdrawn",
+            Rule::OwnPreviousLife => "own_previous_life",
+            Rule::Refused { .. } => "refused",
+            Rule::Expired { .. } => "expired",
+            // Standby rules: `acquire` never claims on them.
+            Rule::Live | Rule::Probing { .. } | Rule::WaitingTtl { .. } => "expired",
+        }
+    }
 }
 
 impl std::fmt::Display for Rule {
@@ -536,6 +554,7 @@ impl Node {
         match claimed {
             Ok(true) => {
                 info!(generation = next, rule = %rule, "claimed head generation");
+                crate::metrics::takeover(rule.label());
                 let h = self.head();
                 h.generation = Some(next);
                 h.seq = prev_seq;
@@ -619,6 +638,7 @@ impl Node {
             let published = read_record(&path).map_or(0, |(r, _)| r.generation);
             let higher = claimed.max(published);
             if higher > generation {
+                crate::metrics::fencing_refusal();
                 return Err(Fenced(higher));
             }
             let written = argus_discovery::publish_watched(&path, &bytes);
@@ -642,13 +662,17 @@ impl Node {
             Ok(()) => {
                 h.pruned = true;
                 h.published = state == HeadState::Running;
+                h.published_at = Some(Instant::now());
                 debug!(seq = rec.seq, ?state, "published head record");
                 if state == HeadState::Stopped {
                     info!(generation, "withdrew head record (state stopped)");
                 }
                 self.record = Some(rec);
             }
-            Err(e) => warn!(error = %e, "failed to publish head record; will retry"),
+            Err(e) => {
+                crate::metrics::storage_error("io");
+                warn!(error = %e, "failed to publish head record; will retry")
+            }
         }
         Ok(())
     }

@@ -441,6 +441,11 @@ impl Node {
     /// Logs a shared-storage failure once per outage (R-WRK-4: it never
     /// tears down Ray by itself).
     pub(super) fn storage_failed(&mut self, e: &StorageError) {
+        crate::metrics::storage_error(match e {
+            StorageError::TimedOut { .. } => "timed_out",
+            StorageError::Busy { .. } => "busy",
+            StorageError::Gone { .. } => "gone",
+        });
         if !self.storage_hung_logged {
             self.storage_hung_logged = true;
             warn!(error = %e, "shared storage hung or too slow; keeping ray as it is and retrying");
@@ -462,6 +467,7 @@ impl Node {
         }
         self.state = state;
         self.reason = reason;
+        crate::metrics::set_state(state);
         if changed {
             self.write_status();
         }
@@ -523,6 +529,15 @@ impl Node {
         };
         if let Err(e) = status::write(&self.cfg.state_dir, &st) {
             warn!(error = %e, "cannot write status file");
+        }
+        let record_changed_at = match &self.role {
+            RoleState::Head(h) => h.published_at,
+            RoleState::Worker(_) => self.lease.changed_at(),
+        };
+        crate::metrics::set_head(st.head_generation, record_changed_at);
+        crate::metrics::set_failures(st.consecutive_failures, st.crash_loop);
+        if let Err(e) = crate::metrics::write_snapshot(&self.cfg.state_dir) {
+            debug!(error = %e, "cannot write the metrics snapshot");
         }
     }
 }

@@ -11,6 +11,7 @@ use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use tracing::{debug, error, info, warn};
 
+use crate::metrics::{self, RayExitKind};
 use crate::status::NodeState;
 use crate::supervise::exitwatch::ExitWatch;
 use crate::supervise::reaper::{self, Exit};
@@ -172,6 +173,7 @@ impl Node {
         }) {
             Ok(pid) => {
                 info!(pid, run, ray = %self.cfg.ray_bin, args = ?shown, "started ray");
+                metrics::ray_started();
                 let head = target.is_none();
                 let started = Instant::now();
                 self.ray = Some(RayRun {
@@ -206,6 +208,7 @@ impl Node {
                     _ => 126,
                 };
                 error!(ray = %self.cfg.ray_bin, error = %e, code, "cannot run ray");
+                metrics::ray_exited(RayExitKind::StartFailed);
                 self.after_ray_ended(Exit::Code(code), Duration::ZERO, false);
             }
         }
@@ -227,6 +230,11 @@ impl Node {
             return;
         }
         warn!(pid, %exit, ran_s = ran.as_secs_f64(), swept, "ray exited unexpectedly");
+        metrics::ray_exited(match exit {
+            Exit::Code(0) => RayExitKind::Clean,
+            Exit::Code(_) => RayExitKind::Error,
+            Exit::Signal(_) => RayExitKind::Signal,
+        });
         self.after_ray_ended(exit, ran, true);
         if matches!(self.role, super::RoleState::Worker(_)) {
             self.on_worker_ray_exit(joined);
@@ -263,6 +271,7 @@ impl Node {
         r.stopping = true;
         let (pid, run) = (r.pid, r.run);
         info!(pid, why, "stopping ray");
+        metrics::ray_exited(RayExitKind::StoppedByAgent);
         let _ = signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
         self.wait_ray_exit(run, Duration::from_secs(3));
     }

@@ -98,6 +98,7 @@ impl Node {
             }
             Err(ReadError::Bad { raw, source, .. }) => {
                 self.lease.observe(&raw, now);
+                crate::metrics::storage_error("malformed");
                 self.record_error = Some(format!("malformed head record: {source}"));
             }
             Err(e) if e.is_missing() => {
@@ -105,7 +106,10 @@ impl Node {
                 self.record = None;
                 self.record_error = Some(format!("{} does not exist yet", path.display()));
             }
-            Err(e) => self.record_error = Some(format!("unreadable head record: {e}")),
+            Err(e) => {
+                crate::metrics::storage_error("io");
+                self.record_error = Some(format!("unreadable head record: {e}"));
+            }
         }
         let fresh = self.lease.is_fresh(self.cfg.ttl, now);
         let desired = match (&self.record, &self.record_error) {
@@ -181,6 +185,11 @@ impl Node {
                 }
                 Some(t) if Some(t) != joined.as_ref() => {
                     info!(from = ?joined.as_ref().map(|j| j.to_string()), to = %t, "head changed; rejoining");
+                    crate::metrics::rejoin(match &joined {
+                        Some(j) if j.address != t.address => "address",
+                        Some(j) if j.instance_id != t.instance_id => "instance",
+                        _ => "generation",
+                    });
                     self.stop_ray_now("head changed");
                     // A new head is not the failure we backed off from.
                     self.backoff.reset();
@@ -333,6 +342,7 @@ impl Node {
             let w = self.worker();
             w.gcs_down_since = None;
             w.scheduled = None;
+            crate::metrics::rejoin("zombie_guard");
             self.stop_ray_now("zombie-worker guard");
             self.start_after = Instant::now();
         }

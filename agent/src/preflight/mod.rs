@@ -449,6 +449,7 @@ pub fn gate_with(opts: &PreflightOptions, stop: &Stop) -> Result<PreflightOutcom
         }
     }
     log_summary(&verdict);
+    crate::metrics::preflight(&verdict);
     if verdict.ok {
         let env = verdict
             .env

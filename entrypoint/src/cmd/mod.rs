@@ -42,6 +42,12 @@ pub enum Error {
     ShimSettings(#[from] argus::shim::settings::SettingsError),
     #[error(transparent)]
     Record(#[from] argus_discovery::ReadError),
+    #[error("cannot serve metrics on port {port} (ARGUS_METRICS_PORT): {source}; pick a free port or unset it")]
+    MetricsPort {
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("failed to set up signal handling: {0}")]
     Signals(#[source] std::io::Error),
     #[error("failed to serialise the output: {0}")]
@@ -52,7 +58,7 @@ impl Error {
     /// Returns the process exit code for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Config(_) | Error::NodeIp(_) => EX_CONFIG,
+            Error::Config(_) | Error::NodeIp(_) | Error::MetricsPort { .. } => EX_CONFIG,
             Error::Preflight(e) => e.exit_code(),
             Error::Hook(e) => e.exit_code(),
             _ => 1,

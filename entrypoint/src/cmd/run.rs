@@ -42,6 +42,18 @@ pub fn run(flags: &Flags) -> Outcome {
     }
     let (ip, source) = argus::netinfo::detect(cfg.node_ip)?;
     info!(node_ip = %ip, strategy = %source, "node ip chosen");
+    argus::metrics::node_started(
+        &cfg.role.to_string(),
+        &cfg.cluster_name,
+        &ip.to_string(),
+        cfg.ttl,
+    );
+    if let Some(port) = cfg.metrics_port {
+        let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+        let bound =
+            argus::metrics::serve(addr).map_err(|source| Error::MetricsPort { port, source })?;
+        info!(address = %bound, "serving metrics at http://{bound}/metrics");
+    }
     std::fs::create_dir_all(&cfg.state_dir).map_err(|source| Error::StateDir {
         path: cfg.state_dir.clone(),
         source,
@@ -120,9 +132,14 @@ pub fn run(flags: &Flags) -> Outcome {
     let outcome = match argus::preflight::gate(&cfg, &stop) {
         Ok(o) => o,
         Err(GateError::Stopped(_)) => return Ok(stopped("the gpu preflight")),
-        Err(GateError::Failed(e)) => return Err(e.into()),
+        Err(GateError::Failed(e)) => {
+            linger(&cfg, &stop, &e.to_string());
+            return Err(e.into());
+        }
     };
-    match argus::hook::run_prestart(&cfg.hook, &stop) {
+    let hook = argus::hook::run_prestart(&cfg.hook, &stop);
+    argus::metrics::hook(hook_result(&cfg.hook, &hook));
+    match hook {
         Ok(()) => {}
         Err(argus::hook::HookError::Stopped { .. }) => return Ok(stopped("the prestart hook")),
         Err(e) => return Err(e.into()),
@@ -132,6 +149,41 @@ pub fn run(flags: &Flags) -> Outcome {
     }
     node.add_ray_env(outcome.env);
     Ok(node.run().clamp(0, 255) as u8)
+}
+
+/// Returns the `argus_prestart_hook` result of the hook's outcome.
+fn hook_result(
+    cfg: &argus::config::HookConfig,
+    r: &Result<(), argus::hook::HookError>,
+) -> &'static str {
+    use argus::hook::HookError;
+    match r {
+        Ok(()) if cfg.disabled => "disabled",
+        Ok(()) if !cfg.path.exists() => "absent",
+        Ok(()) => "ok",
+        Err(HookError::Failed { .. } | HookError::Spawn { .. }) => "failed",
+        Err(HookError::TimedOut { .. }) => "timed_out",
+        Err(HookError::NotExecutable { .. }) => "not_executable",
+        Err(HookError::Stopped { .. }) => "stopped",
+    }
+}
+
+/// With metrics served, keeps them up for `ARGUS_METRICS_LINGER_S` after a
+/// failed preflight (a stop request ends the wait), so that Prometheus
+/// scrapes the failure before the agent exits with its code.
+fn linger(cfg: &Config, stop: &Stop, why: &str) {
+    if cfg.metrics_port.is_none() {
+        return;
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    stop.on_request(move || {
+        let _ = tx.send(());
+    });
+    info!(
+        linger_s = cfg.metrics_linger.as_secs_f64(),
+        why, "preflight failed; serving its metrics before exiting (ARGUS_METRICS_LINGER_S)"
+    );
+    let _ = rx.recv_timeout(cfg.metrics_linger);
 }
 
 /// Logs a stop before Ray started; returns exit code 0.

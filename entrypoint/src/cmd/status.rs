@@ -66,6 +66,62 @@ pub fn run(json: bool) -> Outcome {
     Ok(0)
 }
 
+/// Prints this node's metrics: from the agent's port when ARGUS_METRICS_PORT
+/// is set (as in the container's environment), else from the snapshot the
+/// agent writes with its status (at most [`status::HEARTBEAT_LATEST`] old).
+/// Exit 1 when neither answers.
+pub fn metrics() -> Outcome {
+    let port = std::env::var("ARGUS_METRICS_PORT")
+        .ok()
+        .and_then(|p| p.trim().parse::<u16>().ok());
+    if let Some(port) = port {
+        match live_metrics(port) {
+            Ok(text) => {
+                print!("{text}");
+                return Ok(0);
+            }
+            Err(e) => eprintln!(
+                "argus-agent metrics: 127.0.0.1:{port} (ARGUS_METRICS_PORT) did not answer ({e}); showing the last snapshot"
+            ),
+        }
+    }
+    let path = argus::metrics::snapshot_path(&state_dir()?);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            print!("{text}");
+            Ok(0)
+        }
+        Err(e) => {
+            eprintln!(
+                "argus-agent metrics: {}: cannot read ({e}); is the agent running with this ARGUS_STATE_DIR?",
+                path.display()
+            );
+            Ok(1)
+        }
+    }
+}
+
+/// Fetches `/metrics` from the agent on this host (HTTP/1.0: the server
+/// closes the connection after the answer).
+fn live_metrics(port: u16) -> std::io::Result<String> {
+    use std::io::{Error, Read, Write};
+    let timeout = Some(std::time::Duration::from_secs(5));
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(timeout)?;
+    s.set_write_timeout(timeout)?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| Error::other("no HTTP answer"))?;
+    let status = head.lines().next().unwrap_or_default();
+    if !status.contains(" 200 ") {
+        return Err(Error::other(format!("answered {status:?}")));
+    }
+    Ok(body.to_string())
+}
+
 /// Exits 0 if and only if the node is healthy (1 when not, 78 when
 /// ARGUS_STATE_DIR is bad).
 pub fn healthcheck() -> Outcome {
