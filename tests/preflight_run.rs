@@ -87,3 +87,62 @@ fn auto_mode_starts_ray_on_a_node_without_gpus() {
         .set("FAKE_SMI", "driver-not-loaded");
     node.run_until_ray_starts(STOP_WITHIN);
 }
+
+/// With metrics served, a failed preflight stays up for
+/// `ARGUS_METRICS_LINGER_S`, so Prometheus scrapes which check failed and
+/// its class; SIGTERM ends the wait and the exit code is still the
+/// preflight's.
+#[test]
+fn failed_preflight_serves_its_verdict_as_metrics_until_stopped() {
+    let mut node = failing_node("worker", "FAKE_SMI", "gpu-lost");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    node.set("ARGUS_METRICS_PORT", &port)
+        .set("ARGUS_METRICS_LINGER_S", "120");
+    let mut child = node
+        .command(&["run"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let text = loop {
+        let out = node.command(&["metrics"]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("argus_preflight_ok 0") {
+            break text;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the agent exited before its metrics were read"
+        );
+        assert!(t0.elapsed() < STOP_WITHIN, "no failed verdict in:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!(
+        "failed preflight in the metrics after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("argus_preflight_check{")
+            && l.contains("status=\"fail\"")
+            && l.contains("class=\"infrastructure-fatal\"")),
+        "{text}"
+    );
+    assert_eq!(node.ray_marker(), None, "ray started");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t1 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t1.elapsed() < STOP_WITHIN, "SIGTERM did not end the linger");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    println!("exit after SIGTERM in {:.2} s", t1.elapsed().as_secs_f64());
+    assert_eq!(status.code(), Some(69));
+}

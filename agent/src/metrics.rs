@@ -422,6 +422,66 @@ impl Metrics {
     }
 }
 
+/// One metric as Prometheus queries it: the sample name (counters with
+/// `_total`), its type and its help text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Described {
+    pub name: String,
+    pub kind: String,
+    pub help: String,
+}
+
+/// Returns every metric the agent can export, also those with no series
+/// yet (a family shows only once it has one): rendered from a registry of
+/// its own with one series in each family. `argus-agent metrics
+/// --catalogue` prints it; a test checks docs/operations.md against it.
+pub fn catalogue() -> Vec<Described> {
+    let m = Metrics::new().register();
+    let _ = m.info.get_or_create(&InfoLabels {
+        version: String::new(),
+        role: String::new(),
+        cluster: String::new(),
+        node_ip: String::new(),
+    });
+    let _ = m.preflight_check.get_or_create(&CheckLabels {
+        check: String::new(),
+        status: String::new(),
+        class: String::new(),
+    });
+    let _ = m.hook.get_or_create(&ResultLabel {
+        result: String::new(),
+    });
+    let cmd = CommandLabel {
+        command: String::new(),
+    };
+    let _ = m.shim_calls.get_or_create(&cmd);
+    let _ = m.shim_duration.get_or_create(&cmd);
+    let _ = m.shim_refusals.get_or_create(&rule(""));
+    let text = m.render();
+    let mut help = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            if let Some((name, h)) = rest.split_once(' ') {
+                help.insert(name.to_string(), h.to_string());
+            }
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some((name, kind)) = rest.split_once(' ') {
+                let shown = match kind {
+                    "counter" => format!("{name}_total"),
+                    _ => name.to_string(),
+                };
+                out.push(Described {
+                    name: shown,
+                    kind: kind.to_string(),
+                    help: help.get(name).cloned().unwrap_or_default(),
+                });
+            }
+        }
+    }
+    out
+}
+
 fn kind(k: &str) -> KindLabel {
     KindLabel {
         kind: k.to_string(),
@@ -762,6 +822,17 @@ mod tests {
         }
         assert!(text.contains("argus_head_generation NaN"), "{text}");
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn the_catalogue_has_every_family_with_its_type() {
+        let c = catalogue();
+        let find = |n: &str| c.iter().find(|d| d.name == n).map(|d| d.kind.as_str());
+        assert_eq!(find("argus_ray_starts_total"), Some("counter"));
+        assert_eq!(find("argus_shim_call_duration_seconds"), Some("histogram"));
+        assert_eq!(find("argus_preflight_check"), Some("gauge"));
+        assert_eq!(find("argus_agent_info"), Some("gauge"));
+        assert!(c.iter().all(|d| !d.help.is_empty()), "{c:?}");
     }
 
     #[test]

@@ -56,7 +56,12 @@ enum Command {
     Healthcheck,
     /// Print this node's metrics in Prometheus' text format: live from
     /// ARGUS_METRICS_PORT when set, else the agent's last snapshot.
-    Metrics,
+    Metrics {
+        /// List every metric the agent can export (name, type, help), one
+        /// a line, instead.
+        #[arg(long)]
+        catalogue: bool,
+    },
     /// Read and show the discovery record with its age.
     Head {
         /// Print as JSON.
@@ -121,7 +126,7 @@ fn run() -> cmd::Outcome {
         Command::Preflight { json } => cmd::preflight::run(json),
         Command::Status { json } => cmd::status::run(json),
         Command::Healthcheck => cmd::status::healthcheck(),
-        Command::Metrics => cmd::status::metrics(),
+        Command::Metrics { catalogue } => cmd::status::metrics(catalogue),
         Command::Head { json } => cmd::head::run(json),
         Command::Podman { .. } => unreachable!("dispatched above"),
     }

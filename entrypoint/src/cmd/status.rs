@@ -70,7 +70,13 @@ pub fn run(json: bool) -> Outcome {
 /// is set (as in the container's environment), else from the snapshot the
 /// agent writes with its status (at most [`status::HEARTBEAT_LATEST`] old).
 /// Exit 1 when neither answers.
-pub fn metrics() -> Outcome {
+pub fn metrics(catalogue: bool) -> Outcome {
+    if catalogue {
+        for d in argus::metrics::catalogue() {
+            println!("{} {} {}", d.name, d.kind, d.help);
+        }
+        return Ok(0);
+    }
     let port = std::env::var("ARGUS_METRICS_PORT")
         .ok()
         .and_then(|p| p.trim().parse::<u16>().ok());
