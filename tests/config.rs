@@ -56,6 +56,34 @@ fn run_help_lists_every_variable_with_its_flag_default_and_meaning() {
     }
 }
 
+/// README's configuration table names every variable of the table the
+/// agent reads (config::VARIABLES), and no other.
+#[test]
+fn readme_documents_exactly_the_variables_of_the_table() {
+    let readme = std::fs::read_to_string(agent_support::repo().join("README.md")).unwrap();
+    let start = readme
+        .find("| variable | default | meaning |")
+        .expect("README has the configuration table");
+    let mut documented = std::collections::BTreeSet::new();
+    for row in readme[start..].lines().skip(2) {
+        if !row.starts_with('|') {
+            break;
+        }
+        let first = row.split('|').nth(1).unwrap_or_default();
+        for name in first.split('`').filter(|w| w.starts_with("ARGUS_")) {
+            documented.insert(name.to_string());
+        }
+    }
+    let table: std::collections::BTreeSet<String> =
+        VARIABLES.iter().map(|v| v.name.to_string()).collect();
+    let missing: Vec<&String> = table.difference(&documented).collect();
+    let unknown: Vec<&String> = documented.difference(&table).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "README's configuration table and config::VARIABLES differ: not in README {missing:?}, not in VARIABLES {unknown:?}"
+    );
+}
+
 #[test]
 fn config_shows_each_value_and_its_source_and_a_flag_wins_over_the_environment() {
     let mut n = node("worker");

@@ -95,6 +95,8 @@ pub enum Kind {
     Name,
     /// A TCP port, 1-65535.
     Port,
+    /// A range of TCP ports, `MIN-MAX`.
+    PortRange,
     /// Seconds (decimals allowed), at least `min`.
     Seconds { min: f64 },
     /// An IP address of this node, or `auto`.
@@ -119,6 +121,7 @@ impl Kind {
             Kind::Path => "PATH",
             Kind::Name => "NAME",
             Kind::Port => "PORT",
+            Kind::PortRange => "MIN-MAX",
             Kind::Seconds { .. } => "SECONDS",
             Kind::Ip => "IP",
             Kind::Resources => "K=V,..",
@@ -136,6 +139,7 @@ impl Kind {
             Kind::Path => "absolute path".into(),
             Kind::Name => "[A-Za-z0-9._-]{1,63}".into(),
             Kind::Port => "1-65535".into(),
+            Kind::PortRange => "MIN-MAX, 1024-65535".into(),
             Kind::Seconds { min } => format!("seconds, at least {min}"),
             Kind::Ip => "an address of this node, or auto".into(),
             Kind::Resources => "k=v,k2=v2; empty for none".into(),
@@ -245,6 +249,14 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_HEAD_IP_FILE", D, Kind::Path, Computed("${ARGUS_SHARED_ROOT}/ray/discovery/${ARGUS_CLUSTER_NAME}/head.json"), "the discovery record"),
     var("ARGUS_RAY_PORT", N, Kind::Port, Value("6379"), "GCS port"),
     var("ARGUS_DASHBOARD_PORT", N, Kind::Port, Value("8265"), "dashboard / job server port"),
+    var("ARGUS_RAY_NODE_MANAGER_PORT", N, Kind::Port, Unset("(Ray's: random)"), "`ray start --node-manager-port` (the raylet)"),
+    var("ARGUS_RAY_OBJECT_MANAGER_PORT", N, Kind::Port, Unset("(Ray's: random)"), "`ray start --object-manager-port`"),
+    var("ARGUS_RAY_RUNTIME_ENV_AGENT_PORT", N, Kind::Port, Unset("(Ray's: random)"), "`ray start --runtime-env-agent-port`"),
+    var("ARGUS_RAY_DASHBOARD_AGENT_GRPC_PORT", N, Kind::Port, Unset("(Ray's: random)"), "`ray start --dashboard-agent-grpc-port`"),
+    var("ARGUS_RAY_DASHBOARD_AGENT_LISTEN_PORT", N, Kind::Port, Unset("(Ray's: 52365)"), "`ray start --dashboard-agent-listen-port` (also bound on 127.0.0.1)"),
+    var("ARGUS_RAY_METRICS_EXPORT_PORT", N, Kind::Port, Unset("(Ray's: random)"), "`ray start --metrics-export-port` (Ray's Prometheus metrics)"),
+    var("ARGUS_RAY_CLIENT_SERVER_PORT", N, Kind::Port, Unset("(Ray's: 10001)"), "head: `ray start --ray-client-server-port`"),
+    var("ARGUS_RAY_WORKER_PORTS", N, Kind::PortRange, Unset("(Ray's: 10002-19999)"), "`ray start --min-worker-port`/`--max-worker-port`, the ports of Ray's worker processes"),
     var("ARGUS_TTL_S", D, Kind::Seconds { min: 1.0 }, Value("60"), "head record lifetime"),
     var("ARGUS_REFRESH_S", D, Kind::Seconds { min: MIN_PERIOD_S }, Value("10"), "head refresh period, less than the TTL"),
     var("ARGUS_POLL_S", D, Kind::Seconds { min: MIN_PERIOD_S }, Value("5"), "worker poll period, less than the TTL"),
@@ -813,6 +825,8 @@ pub struct Config {
     /// `ray start --resources` for workers; empty means no flag.
     pub worker_resources: BTreeMap<String, f64>,
     pub ray_extra_args: Vec<String>,
+    /// Ray's other ports, where set (`ARGUS_RAY_*_PORT(S)`).
+    pub ray_ports: crate::rayports::RayPorts,
     pub stop_grace: Duration,
     /// Serve metrics on this port (`ARGUS_METRICS_PORT`); None: off.
     pub metrics_port: Option<u16>,
@@ -990,6 +1004,13 @@ impl Config {
                 ));
             }
         }
+        let ray_ports = crate::rayports::RayPorts::read(
+            &mut r,
+            role,
+            ray_port,
+            dashboard_port,
+            &ray_extra_args,
+        )?;
         let log = Logging::read(&mut r, &shared_root)?;
         let preflight = PreflightConfig::read(&mut r)?;
         let mut hook = HookConfig::read(&mut r)?;
@@ -1035,6 +1056,7 @@ impl Config {
             node_ip,
             worker_resources,
             ray_extra_args,
+            ray_ports,
             stop_grace,
             metrics_port,
             metrics_linger,

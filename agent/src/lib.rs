@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod netinfo;
 pub mod node;
 pub mod preflight;
+pub mod rayports;
 pub mod shim;
 pub mod status;
 pub mod storage;

@@ -91,6 +91,12 @@ impl Node {
                 }
             }
         }
+        // Ray's other ports, where ARGUS_RAY_*_PORT(S) set them (issue 18).
+        let role = match target {
+            None => crate::config::Role::Head,
+            Some(_) => crate::config::Role::Worker,
+        };
+        args.extend(self.cfg.ray_ports.args(role));
         args.push("--block".into());
         args.extend(self.cfg.ray_extra_args.iter().cloned());
         args

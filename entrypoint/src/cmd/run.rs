@@ -42,6 +42,14 @@ pub fn run(flags: &Flags) -> Outcome {
     }
     let (ip, source) = argus::netinfo::detect(cfg.node_ip)?;
     info!(node_ip = %ip, strategy = %source, "node ip chosen");
+    // Issue 18: a fixed port of this node's Ray that another process holds
+    // (with --network host, anything on the host) is one line naming its
+    // variable now, not an obscure failure of Ray's later. Exit 78.
+    argus::rayports::check_free(
+        ip,
+        &cfg.ray_ports
+            .fixed(cfg.role, cfg.ray_port, cfg.dashboard_port),
+    )?;
     argus::metrics::node_started(
         &cfg.role.to_string(),
         &cfg.cluster_name,
