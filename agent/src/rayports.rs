@@ -12,7 +12,7 @@
 //! agent that retries, a raylet that dies); the agent says which variable
 //! and which address before Ray starts.
 
-use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr};
 
 use crate::config::{ConfigError, Reader, Role};
 
@@ -28,9 +28,22 @@ pub struct RayPort {
     /// Ray's own fixed default, bound when the variable is unset; `None`
     /// when Ray picks a free port at random.
     pub ray_default: Option<u16>,
-    /// Ray binds it on 127.0.0.1 as well as on the node IP (the dashboard
-    /// agent's HTTP server, `http_server_agent.py`).
-    pub loopback_too: bool,
+    /// Where Ray 2.53 binds it (seen with `ss -ltnp` on a head with host
+    /// networking).
+    pub bind: Bind,
+}
+
+/// The addresses a Ray port is bound on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bind {
+    /// All addresses (`*` or 0.0.0.0): the GCS, the raylet's node and
+    /// object manager, the dashboard, the metrics export.
+    All,
+    /// The node IP only: the runtime_env agent.
+    NodeIp,
+    /// The node IP and 127.0.0.1: the dashboard agent (gRPC and HTTP), the
+    /// Ray client server.
+    NodeIpAndLoopback,
 }
 
 /// Ray 2.53's ports besides the GCS, the dashboard and the worker range,
@@ -41,49 +54,49 @@ pub const PORTS: &[RayPort] = &[
         flag: "--node-manager-port",
         head_only: false,
         ray_default: None,
-        loopback_too: false,
+        bind: Bind::All,
     },
     RayPort {
         var: "ARGUS_RAY_OBJECT_MANAGER_PORT",
         flag: "--object-manager-port",
         head_only: false,
         ray_default: None,
-        loopback_too: false,
+        bind: Bind::All,
     },
     RayPort {
         var: "ARGUS_RAY_RUNTIME_ENV_AGENT_PORT",
         flag: "--runtime-env-agent-port",
         head_only: false,
         ray_default: None,
-        loopback_too: false,
+        bind: Bind::NodeIp,
     },
     RayPort {
         var: "ARGUS_RAY_DASHBOARD_AGENT_GRPC_PORT",
         flag: "--dashboard-agent-grpc-port",
         head_only: false,
         ray_default: None,
-        loopback_too: false,
+        bind: Bind::NodeIpAndLoopback,
     },
     RayPort {
         var: "ARGUS_RAY_DASHBOARD_AGENT_LISTEN_PORT",
         flag: "--dashboard-agent-listen-port",
         head_only: false,
         ray_default: Some(52365),
-        loopback_too: true,
+        bind: Bind::NodeIpAndLoopback,
     },
     RayPort {
         var: "ARGUS_RAY_METRICS_EXPORT_PORT",
         flag: "--metrics-export-port",
         head_only: false,
         ray_default: None,
-        loopback_too: false,
+        bind: Bind::All,
     },
     RayPort {
         var: "ARGUS_RAY_CLIENT_SERVER_PORT",
         flag: "--ray-client-server-port",
         head_only: true,
         ray_default: Some(10001),
-        loopback_too: false,
+        bind: Bind::NodeIpAndLoopback,
     },
 ];
 
@@ -245,29 +258,54 @@ impl RayPorts {
     /// Returns the fixed ports this node's Ray binds. Ports Ray picks at
     /// random and the worker range are not among them.
     pub fn fixed(&self, role: Role, gcs_port: u16, dashboard_port: u16) -> Vec<FixedPort> {
-        let port = |var, port, ray_default, loopback_too| FixedPort {
+        let port = |var, port, ray_default, bind| FixedPort {
             var,
             port,
             ray_default,
-            loopback_too,
+            bind,
         };
         let mut out = Vec::new();
         if role == Role::Head {
-            out.push(port("ARGUS_RAY_PORT", gcs_port, false, false));
-            out.push(port("ARGUS_DASHBOARD_PORT", dashboard_port, false, false));
+            out.push(port("ARGUS_RAY_PORT", gcs_port, false, Bind::All));
+            out.push(port(
+                "ARGUS_DASHBOARD_PORT",
+                dashboard_port,
+                false,
+                Bind::All,
+            ));
         }
         for p in PORTS {
             if (p.head_only && role != Role::Head) || self.in_extra_args.contains(&p.var) {
                 continue;
             }
             match (self.set.iter().find(|(v, _)| *v == p.var), p.ray_default) {
-                (Some((_, n)), _) => out.push(port(p.var, *n, false, p.loopback_too)),
-                (None, Some(d)) => out.push(port(p.var, d, true, p.loopback_too)),
+                (Some((_, n)), _) => out.push(port(p.var, *n, false, p.bind)),
+                (None, Some(d)) => out.push(port(p.var, d, true, p.bind)),
                 (None, None) => {}
             }
         }
         out
     }
+}
+
+/// Binds a TCP socket to `addr` with `SO_REUSEADDR` and closes it, without
+/// listening: that fails (EADDRINUSE) only when a socket *listens* there
+/// (or on all addresses), so two agents checking one port at the same
+/// moment, a connection in TIME_WAIT or Ray binding it meanwhile do not
+/// make it look taken.
+fn bind_probe(addr: SocketAddr) -> std::io::Result<()> {
+    use nix::sys::socket::{
+        bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage,
+    };
+    use std::os::fd::AsRawFd;
+    let family = match addr {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
+    };
+    let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))?;
+    Ok(())
 }
 
 /// One fixed port of a node's Ray.
@@ -278,36 +316,46 @@ pub struct FixedPort {
     pub port: u16,
     /// The variable is unset: this is Ray's own default.
     pub ray_default: bool,
-    /// Ray binds it on 127.0.0.1 too.
-    pub loopback_too: bool,
+    /// Where Ray binds it.
+    pub bind: Bind,
 }
 
-/// Checks that each of `ports` can be bound on `ip` (and on 127.0.0.1 where
-/// Ray binds it there too) now: a listener on that address or on all
-/// addresses holds it otherwise. Run once, before Ray first starts: a port
-/// taken later is Ray's to report. The error names the variable, the
-/// address and what to do; the agent exits 78 with it.
+/// Checks that each of `ports` can be bound now where Ray binds it: on all
+/// addresses (any listener of the host on that port holds it), or on `ip`
+/// (and 127.0.0.1), where a listener on that address or on all addresses
+/// holds it. Run once, before Ray first starts: a port taken later is Ray's
+/// to report. The error names the variable, the address and what to do;
+/// the agent exits 78 with it.
 pub fn check_free(ip: IpAddr, ports: &[FixedPort]) -> Result<(), ConfigError> {
     let loopback = IpAddr::from([127, 0, 0, 1]);
+    let any = IpAddr::from([0, 0, 0, 0]);
     for p in ports {
-        let mut addrs = vec![SocketAddr::new(ip, p.port)];
-        if p.loopback_too && ip != loopback {
-            addrs.push(SocketAddr::new(loopback, p.port));
-        }
+        let addrs = match p.bind {
+            Bind::All => vec![SocketAddr::new(any, p.port)],
+            Bind::NodeIp => vec![SocketAddr::new(ip, p.port)],
+            Bind::NodeIpAndLoopback if ip == loopback => vec![SocketAddr::new(ip, p.port)],
+            Bind::NodeIpAndLoopback => vec![
+                SocketAddr::new(ip, p.port),
+                SocketAddr::new(loopback, p.port),
+            ],
+        };
         for addr in addrs {
-            match TcpListener::bind(addr) {
+            match bind_probe(addr) {
                 Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
                     let (value, what) = match p.ray_default {
                         true => (String::new(), format!("unset, so Ray's default {}", p.port)),
                         false => (p.port.to_string(), format!("port {}", p.port)),
                     };
+                    let on = match addr.ip() == any {
+                        true => format!("this host (Ray binds it on all addresses; node IP {ip})"),
+                        false => addr.ip().to_string(),
+                    };
                     return Err(ConfigError::new(
                         p.var,
                         &value,
                         format!(
-                            "{what} is already in use on {} by another process (another Ray node or service of this host; \
+                            "{what} is already in use on {on} by another process (another Ray node or service of this host; \
                              with --network host each node on a host needs its own ports): set a free port",
-                            addr.ip()
                         ),
                     ));
                 }
@@ -324,6 +372,7 @@ pub fn check_free(ip: IpAddr, ports: &[FixedPort]) -> Result<(), ConfigError> {
 mod tests {
     use super::*;
     use crate::config::{Config, VARIABLES};
+    use std::net::TcpListener;
 
     fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
         Config::from_lookup(|k| {
@@ -378,7 +427,7 @@ mod tests {
                 var: "ARGUS_RAY_DASHBOARD_AGENT_LISTEN_PORT",
                 port: 52365,
                 ray_default: true,
-                loopback_too: true
+                bind: Bind::NodeIpAndLoopback
             }]
         );
     }
@@ -480,43 +529,62 @@ mod tests {
         assert!(c.ray_ports.fixed(Role::Worker, 1, 2).is_empty());
     }
 
-    fn fp(port: u16, loopback_too: bool) -> Vec<FixedPort> {
+    fn fp(port: u16, bind: Bind) -> Vec<FixedPort> {
         vec![FixedPort {
             var: "ARGUS_RAY_NODE_MANAGER_PORT",
             port,
             ray_default: false,
-            loopback_too,
+            bind,
         }]
     }
 
+    fn port_of(l: &TcpListener) -> u16 {
+        l.local_addr().unwrap().port()
+    }
+
     #[test]
-    fn a_port_held_on_the_node_ip_or_all_addresses_is_taken() {
+    fn two_checks_of_one_port_at_once_both_pass() {
+        let free = port_of(&TcpListener::bind("127.0.0.1:0").unwrap());
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        let held = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = held.local_addr().unwrap().port();
-        let e = check_free(ip, &fp(port, false)).unwrap_err();
-        let line = e.to_string();
-        assert_eq!(e.var, "ARGUS_RAY_NODE_MANAGER_PORT");
-        assert!(
-            line.contains(&format!("port {port} is already in use on 127.0.0.1")),
-            "{line}"
-        );
-        let any = TcpListener::bind("0.0.0.0:0").unwrap();
-        let port = any.local_addr().unwrap().port();
-        assert!(check_free(ip, &fp(port, false)).is_err());
-        drop((held, any));
-        let free = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        assert!(check_free(ip, &fp(free, false)).is_ok());
-        // Held on 127.0.0.1 only: taken for a port Ray binds there too.
-        let held = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = held.local_addr().unwrap().port();
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    (0..200).all(|_| check_free(ip, &fp(free, Bind::All)).is_ok())
+                })
+            })
+            .collect();
+        for t in threads {
+            assert!(
+                t.join().unwrap(),
+                "a concurrent check saw port {free} taken"
+            );
+        }
+    }
+
+    #[test]
+    fn a_port_held_where_ray_binds_it_is_taken() {
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
         let other: IpAddr = "127.0.0.9".parse().unwrap();
-        assert!(check_free(other, &fp(port, false)).is_ok());
-        let e = check_free(other, &fp(port, true)).unwrap_err();
+        // Held on the node IP.
+        let held = TcpListener::bind("127.0.0.1:0").unwrap();
+        let e = check_free(ip, &fp(port_of(&held), Bind::NodeIp)).unwrap_err();
+        assert_eq!(e.var, "ARGUS_RAY_NODE_MANAGER_PORT");
+        let want = format!("port {} is already in use on 127.0.0.1", port_of(&held));
+        assert!(e.to_string().contains(&want), "{e}");
+        // Held on all addresses: taken on every node IP.
+        let any = TcpListener::bind("0.0.0.0:0").unwrap();
+        assert!(check_free(other, &fp(port_of(&any), Bind::NodeIp)).is_err());
+        // Held on another address: free for a port Ray binds on the node IP
+        // only, taken for one it binds on all addresses, or on 127.0.0.1 too.
+        assert!(check_free(other, &fp(port_of(&held), Bind::NodeIp)).is_ok());
+        let e = check_free(other, &fp(port_of(&held), Bind::All)).unwrap_err();
+        assert!(e.reason.contains("Ray binds it on all addresses"), "{e}");
+        let e = check_free(other, &fp(port_of(&held), Bind::NodeIpAndLoopback)).unwrap_err();
         assert!(e.reason.contains("in use on 127.0.0.1"), "{e}");
+        let port = port_of(&held);
+        drop((held, any));
+        for bind in [Bind::All, Bind::NodeIp, Bind::NodeIpAndLoopback] {
+            assert!(check_free(other, &fp(port, bind)).is_ok(), "{bind:?}");
+        }
     }
 }

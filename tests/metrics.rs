@@ -1,0 +1,259 @@
+//! Black-box tests of the agent's Prometheus metrics (`ARGUS_METRICS_PORT`,
+//! `argus-agent metrics`) with the fake `ray`: the values move with real
+//! faults of the node (Ray killed, a crash loop, a head that dies and one
+//! that takes over), and docs/operations.md lists exactly the metrics the
+//! agent has.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use support::{free_port, repo, run_bin, Agent, Sandbox};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// One scrape: series (name with labels, as printed) to value.
+type Scrape = BTreeMap<String, f64>;
+
+/// Parses Prometheus' text format (the sample lines only).
+fn parse(text: &str) -> Scrape {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let v = match value {
+                "NaN" => f64::NAN,
+                v => v.parse().ok()?,
+            };
+            Some((series.to_string(), v))
+        })
+        .collect()
+}
+
+/// Scrapes the agent through `argus-agent metrics` (live, from the port in
+/// its environment); `None` while the agent does not answer.
+fn scrape(env: &BTreeMap<String, String>) -> Option<Scrape> {
+    let out = run_bin(&["metrics"], env);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() || err.contains("did not answer") {
+        return None;
+    }
+    Some(parse(&String::from_utf8_lossy(&out.stdout)))
+}
+
+fn value(s: &Scrape, series: &str) -> f64 {
+    *s.get(series)
+        .unwrap_or_else(|| panic!("{series} not in the scrape:\n{s:#?}"))
+}
+
+/// Waits until a scrape of `env`'s agent satisfies `cond`; returns it.
+fn wait_scrape(
+    a: &mut Agent,
+    env: &BTreeMap<String, String>,
+    what: &str,
+    mut cond: impl FnMut(&Scrape) -> bool,
+) -> Scrape {
+    let t0 = Instant::now();
+    let mut last = None;
+    a.wait_for(what, WAIT, |_| {
+        last = scrape(env);
+        last.as_ref().is_some_and(&mut cond)
+    });
+    println!("{what}: after {:.1} s", t0.elapsed().as_secs_f64());
+    last.unwrap()
+}
+
+fn with_metrics(mut env: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    env.insert("ARGUS_METRICS_PORT".into(), free_port().to_string());
+    env
+}
+
+fn ray_pid(a: &Agent) -> Option<i32> {
+    a.status()?["ray_pid"].as_i64().map(|p| p as i32)
+}
+
+#[test]
+fn metrics_follow_a_worker_through_a_head_crash_and_a_takeover() {
+    let sb = Sandbox::new();
+    // The worker first, so it waits for a head.
+    let wenv = with_metrics(sb.env("w", "worker"));
+    let mut w = Agent::start(&sb, "w", &wenv);
+    let s = wait_scrape(&mut w, &wenv, "worker waits for a head", |s| {
+        s.get("argus_node_state{state=\"waiting_for_head\"}") == Some(&1.0)
+            && s.get("argus_worker_head_wait_seconds_total")
+                .is_some_and(|v| *v > 0.5)
+    });
+    assert!(value(&s, "argus_head_generation").is_nan());
+    assert_eq!(value(&s, "argus_discovery_ttl_seconds"), 3.0);
+    assert!(
+        s.keys()
+            .any(|k| k.starts_with("argus_agent_info{") && k.contains("role=\"worker\"")),
+        "{s:#?}"
+    );
+
+    let henv = with_metrics(sb.env("h1", "head"));
+    let mut h1 = Agent::start(&sb, "h1", &henv);
+    let s = wait_scrape(&mut h1, &henv, "head serves generation 1", |s| {
+        s.get("argus_node_state{state=\"running\"}") == Some(&1.0)
+            && s.get("argus_head_generation") == Some(&1.0)
+    });
+    assert_eq!(
+        value(&s, "argus_head_takeovers_total{rule=\"first_head\"}"),
+        1.0
+    );
+    assert_eq!(value(&s, "argus_ray_starts_total"), 1.0);
+    let age = value(&s, "argus_head_record_age_seconds");
+    assert!((0.0..3.0).contains(&age), "head's record age {age}");
+    let s = wait_scrape(&mut w, &wenv, "worker joins generation 1", |s| {
+        s.get("argus_node_state{state=\"running\"}") == Some(&1.0)
+            && s.get("argus_head_generation") == Some(&1.0)
+            && s.get("argus_ray_starts_total") == Some(&1.0)
+    });
+    let waited = value(&s, "argus_worker_head_wait_seconds_total");
+
+    // Ray of the head dies: the head restarts it with a new instance, the
+    // worker rejoins that instance.
+    let pid = ray_pid(&h1).expect("head's ray pid");
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    wait_scrape(&mut h1, &henv, "head restarts its killed ray", |s| {
+        s.get("argus_ray_exits_total{kind=\"signal\"}") == Some(&1.0)
+            && s.get("argus_ray_starts_total") == Some(&2.0)
+            && s.get("argus_node_state{state=\"running\"}") == Some(&1.0)
+    });
+    let s = wait_scrape(&mut w, &wenv, "worker rejoins the new instance", |s| {
+        s.get("argus_worker_rejoins_total{reason=\"instance\"}") == Some(&1.0)
+            && s.get("argus_ray_starts_total") == Some(&2.0)
+    });
+    assert_eq!(
+        value(&s, "argus_ray_exits_total{kind=\"stopped_by_agent\"}"),
+        1.0
+    );
+    assert_eq!(
+        value(&s, "argus_worker_head_wait_seconds_total"),
+        waited,
+        "the wait counter moved while the worker was joined"
+    );
+
+    // The head agent dies without withdrawing; a second head at the same
+    // address takes over: nothing listens where the record points.
+    // As when its container dies: the agent and its Ray with it.
+    let pid = ray_pid(&h1).expect("head's ray pid");
+    h1.signal(libc::SIGKILL);
+    unsafe { libc::kill(-pid, libc::SIGKILL) };
+    h1.wait_exit(WAIT).expect("head agent killed");
+    let mut h2env = with_metrics(sb.env("h2", "head"));
+    h2env.insert("ARGUS_RAY_PORT".into(), henv["ARGUS_RAY_PORT"].clone());
+    let mut h2 = Agent::start(&sb, "h2", &h2env);
+    let s = wait_scrape(&mut h2, &h2env, "second head claims generation 2", |s| {
+        s.get("argus_head_generation") == Some(&2.0)
+            && s.get("argus_node_state{state=\"running\"}") == Some(&1.0)
+    });
+    let rules: f64 = s
+        .iter()
+        .filter(|(k, _)| k.starts_with("argus_head_takeovers_total{"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(rules, 1.0, "one takeover, by one rule: {s:#?}");
+    assert_eq!(
+        value(&s, "argus_head_takeovers_total{rule=\"first_head\"}"),
+        0.0
+    );
+    wait_scrape(&mut w, &wenv, "worker follows generation 2", |s| {
+        s.get("argus_head_generation") == Some(&2.0)
+            && s.get("argus_ray_starts_total") == Some(&3.0)
+            && s.get("argus_node_state{state=\"running\"}") == Some(&1.0)
+    });
+}
+
+#[test]
+fn a_crash_loop_shows_in_the_metrics_and_in_the_snapshot() {
+    let sb = Sandbox::new();
+    let mut env = with_metrics(sb.env("c", "head"));
+    env.insert("FAKE_RAY_EXIT_AFTER".into(), "0.1".into());
+    let mut a = Agent::start(&sb, "c", &env);
+    let s = wait_scrape(&mut a, &env, "crash loop reported", |s| {
+        s.get("argus_ray_crash_loop") == Some(&1.0)
+    });
+    assert!(value(&s, "argus_ray_exits_total{kind=\"error\"}") >= 3.0);
+    assert!(value(&s, "argus_ray_consecutive_failures") >= 3.0);
+    // Without the port, `argus-agent metrics` prints the snapshot the agent
+    // writes with its status.
+    let mut snap_env = env.clone();
+    snap_env.remove("ARGUS_METRICS_PORT");
+    let t0 = Instant::now();
+    a.wait_for("snapshot shows the crash loop", WAIT, |_| {
+        let out = run_bin(&["metrics"], &snap_env);
+        out.status.success()
+            && parse(&String::from_utf8_lossy(&out.stdout)).get("argus_ray_crash_loop")
+                == Some(&1.0)
+    });
+    println!("snapshot: after {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+#[test]
+fn a_metrics_port_already_taken_exits_78_naming_the_variable() {
+    let sb = Sandbox::new();
+    let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let mut env = sb.env("t", "head");
+    env.insert(
+        "ARGUS_METRICS_PORT".into(),
+        taken.local_addr().unwrap().port().to_string(),
+    );
+    let out = run_bin(&["run"], &env);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("ARGUS_METRICS_PORT"), "{err}");
+    assert!(sb.ray_starts("t").is_empty(), "ray was started");
+}
+
+#[test]
+fn an_agent_without_a_snapshot_says_so() {
+    let sb = Sandbox::new();
+    let out = run_bin(&["metrics"], &sb.env("none", "worker"));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("metrics.txt"), "{err}");
+}
+
+/// docs/operations.md's metrics table: its first column names each metric
+/// (`argus_…`), its second the type.
+fn documented() -> BTreeMap<String, String> {
+    let doc = std::fs::read_to_string(repo().join("docs/operations.md")).unwrap();
+    doc.lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split('|').map(str::trim).collect();
+            let name = cols.get(1)?.trim_matches('`');
+            (name.starts_with("argus_") && cols.len() > 3)
+                .then(|| (name.to_string(), cols[2].trim_matches('`').to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn docs_list_exactly_the_metrics_the_agent_has() {
+    let out = run_bin(&["metrics", "--catalogue"], &BTreeMap::new());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let code: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.to_string(), w.next()?.to_string()))
+        })
+        .collect();
+    assert!(code.len() >= 20, "{code:?}");
+    let docs = documented();
+    let only_code: BTreeSet<_> = code.keys().filter(|k| !docs.contains_key(*k)).collect();
+    let only_docs: BTreeSet<_> = docs.keys().filter(|k| !code.contains_key(*k)).collect();
+    assert!(
+        only_code.is_empty() && only_docs.is_empty(),
+        "not in docs/operations.md: {only_code:?}; documented but not in the agent: {only_docs:?}"
+    );
+    for (name, ty) in &code {
+        assert_eq!(&docs[name], ty, "{name}: type in docs/operations.md");
+    }
+}
