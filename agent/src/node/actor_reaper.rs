@@ -22,7 +22,7 @@
 use std::path::Path;
 use std::process::Command;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
@@ -37,45 +37,67 @@ const EVERY: Duration = Duration::from_secs(30);
 /// A run that takes longer is killed (the GCS may be down again).
 const TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What the reaper thread is told.
+enum Msg {
+    /// Reap against this GCS every [`EVERY`] (`None`: stay idle).
+    Arm(Option<String>),
+    Stop,
+}
+
 /// A handle to the reaper thread.
 pub(super) struct ActorReaper {
-    /// The GCS address to ask while armed.
-    gcs: Arc<Mutex<Option<String>>>,
+    tx: mpsc::Sender<Msg>,
+    /// The GCS address it was last armed with.
+    armed: Mutex<Option<String>>,
 }
 
 impl ActorReaper {
-    /// Starts the thread (idle until [`ActorReaper::arm`]); it ends when
-    /// `stop` is requested.
+    /// Starts the thread (asleep until [`ActorReaper::arm`]: a disarmed
+    /// reaper never wakes); it ends when `stop` is requested.
     pub(super) fn start(user: Option<RayUser>, stop: &Stop) -> Self {
-        let gcs = Arc::new(Mutex::new(None::<String>));
-        let (shared, stop) = (gcs.clone(), stop.clone());
-        let (wake, stopped) = mpsc::channel::<()>();
+        let (tx, rx) = mpsc::channel::<Msg>();
+        let on_stop = tx.clone();
         stop.on_request(move || {
-            let _ = wake.send(());
+            let _ = on_stop.send(Msg::Stop);
         });
+        let stop = stop.clone();
         let spawned = std::thread::Builder::new()
             .name("actor-reaper".into())
             .spawn(move || {
-                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(EVERY) {
-                    let address = shared.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                    if let Some(a) = address {
-                        reap_once(Path::new(SCRIPT), &a, user.as_ref(), &stop);
+                let mut gcs: Option<String> = None;
+                loop {
+                    let msg = match &gcs {
+                        Some(_) => rx.recv_timeout(EVERY),
+                        None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                    };
+                    match msg {
+                        Ok(Msg::Arm(a)) => gcs = a,
+                        Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                        Err(RecvTimeoutError::Timeout) => {
+                            if let Some(a) = &gcs {
+                                reap_once(Path::new(SCRIPT), a, user.as_ref(), &stop);
+                            }
+                        }
                     }
                 }
             });
         if let Err(e) = spawned {
             warn!(error = %e, "cannot start the dead-actor reaper");
         }
-        Self { gcs }
+        Self {
+            tx,
+            armed: Mutex::new(None),
+        }
     }
 
     /// Runs the reaper every 30 s against the GCS at `address` (after a
     /// ride-through), or stops it (`None`: a new Ray).
     pub(super) fn arm(&self, address: Option<&str>) {
-        let mut gcs = self.gcs.lock().unwrap_or_else(|e| e.into_inner());
-        if gcs.as_deref() != address {
+        let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
+        if armed.as_deref() != address {
             debug!(?address, "dead-actor reaper armed for this gcs (None: off)");
-            *gcs = address.map(String::from);
+            *armed = address.map(String::from);
+            let _ = self.tx.send(Msg::Arm(armed.clone()));
         }
     }
 }
