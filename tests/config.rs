@@ -260,6 +260,29 @@ fn a_head_whose_node_ip_is_not_an_address_of_this_node_exits_78_at_once() {
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
+/// Issue 18: ARGUS_NODE_IP may name a network (one setting for hosts with
+/// several interfaces): the node's address in it is Ray's node IP; a
+/// network no interface of this node is in exits 78 naming the variable.
+#[test]
+fn a_node_ip_network_picks_this_nodes_address_in_it_or_exits_78() {
+    let mut n = node("head");
+    n.set("ARGUS_NODE_IP", "127.0.0.0/8");
+    let (marker, code, err) = n.run_until_ray_starts(Duration::from_secs(20));
+    assert_eq!(code, 0, "{err}");
+    assert!(marker.contains("--node-ip-address=127.0.0.1"), "{marker}");
+    assert!(
+        err.contains("ARGUS_NODE_IP network 127.0.0.0/8 on lo"),
+        "the choice is not logged: {err}"
+    );
+    // TEST-NET-3 (RFC 5737): on no interface of this machine.
+    n.set("ARGUS_NODE_IP", "203.0.113.0/24");
+    let (code, err) = n.run_until_exit(Duration::from_secs(20));
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("ARGUS_NODE_IP=203.0.113.0/24"), "{err}");
+    n.set("ARGUS_NODE_IP", "10.0.0.0/33");
+    assert_config_error(&run(&n, &["config"]), "ARGUS_NODE_IP", "a bad prefix");
+}
+
 #[test]
 fn a_stop_grace_that_cannot_fit_in_dockers_10s_is_a_warning_naming_the_setting() {
     let mut n = node("worker");

@@ -141,7 +141,7 @@ impl Kind {
             Kind::Port => "1-65535".into(),
             Kind::PortRange => "MIN-MAX, 1024-65535".into(),
             Kind::Seconds { min } => format!("seconds, at least {min}"),
-            Kind::Ip => "an address of this node, or auto".into(),
+            Kind::Ip => "an address of this node, a network address/prefix, or auto".into(),
             Kind::Resources => "k=v,k2=v2; empty for none".into(),
             Kind::Words => "shell words".into(),
             Kind::Bool => "1/true/yes/on or 0/false/no/off".into(),
@@ -260,7 +260,7 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_TTL_S", D, Kind::Seconds { min: 1.0 }, Value("60"), "head record lifetime"),
     var("ARGUS_REFRESH_S", D, Kind::Seconds { min: MIN_PERIOD_S }, Value("10"), "head refresh period, less than the TTL"),
     var("ARGUS_POLL_S", D, Kind::Seconds { min: MIN_PERIOD_S }, Value("5"), "worker poll period, less than the TTL"),
-    var("ARGUS_NODE_IP", N, Kind::Ip, Value("auto"), "override node IP detection"),
+    var("ARGUS_NODE_IP", N, Kind::Ip, Value("auto"), "override node IP detection: this address, or this node's address in a network (CIDR)"),
     var("ARGUS_WORKER_RESOURCES_KV", N, Kind::Resources, Value("worker_node=100"), "a worker's `ray start --resources`"),
     var("ARGUS_RAY_EXTRA_ARGS", N, Kind::Words, Value(""), "extra `ray start` arguments (not the agent's own)"),
     var("ARGUS_LOG_DIR", L, Kind::Path, Computed("${ARGUS_SHARED_ROOT}/common/logs"), "folder of the agent log file"),
@@ -822,6 +822,8 @@ pub struct Config {
     pub refresh: Duration,
     pub poll: Duration,
     pub node_ip: Option<IpAddr>,
+    /// `ARGUS_NODE_IP` as a network: the node's address in it.
+    pub node_net: Option<crate::netinfo::Network>,
     /// `ray start --resources` for workers; empty means no flag.
     pub worker_resources: BTreeMap<String, f64>,
     pub ray_extra_args: Vec<String>,
@@ -982,7 +984,17 @@ impl Config {
         };
         let refresh = below_ttl("ARGUS_REFRESH_S", r.seconds("ARGUS_REFRESH_S")?)?;
         let poll = below_ttl("ARGUS_POLL_S", r.seconds("ARGUS_POLL_S")?)?;
-        let node_ip = r.ip("ARGUS_NODE_IP")?;
+        // A network (address/prefix): this node's address in it, found when
+        // the node starts (issue 18: one setting for hosts with several
+        // interfaces).
+        let (node_ip, node_net) = match r.text("ARGUS_NODE_IP")? {
+            Some(v) if v.contains('/') => {
+                let net = crate::netinfo::Network::parse(&v)
+                    .map_err(|why| ConfigError::new("ARGUS_NODE_IP", &v, why))?;
+                (None, Some(net))
+            }
+            _ => (r.ip("ARGUS_NODE_IP")?, None),
+        };
         let resources = r.value("ARGUS_WORKER_RESOURCES_KV")?.unwrap_or_default();
         let worker_resources = parse_resources(&resources)
             .map_err(|reason| ConfigError::new("ARGUS_WORKER_RESOURCES_KV", &resources, reason))?;
@@ -1054,6 +1066,7 @@ impl Config {
             refresh,
             poll,
             node_ip,
+            node_net,
             worker_resources,
             ray_extra_args,
             ray_ports,

@@ -18,6 +18,8 @@ pub enum IpSource {
     Hostname { name: String },
     /// The first non-loopback address of an interface that is up.
     FirstInterface { iface: String },
+    /// ARGUS_NODE_IP names a network: this node's address in it.
+    Network { net: String, iface: String },
 }
 
 impl std::fmt::Display for IpSource {
@@ -27,6 +29,7 @@ impl std::fmt::Display for IpSource {
             IpSource::DefaultRoute { iface } => write!(f, "default route via {iface}"),
             IpSource::Hostname { name } => write!(f, "hostname {name}"),
             IpSource::FirstInterface { iface } => write!(f, "first interface {iface}"),
+            IpSource::Network { net, iface } => write!(f, "ARGUS_NODE_IP network {net} on {iface}"),
         }
     }
 }
@@ -85,6 +88,83 @@ fn interfaces() -> Vec<(String, IpAddr, bool)> {
 /// address (all of 127.0.0.0/8 is local on Linux) or one an interface holds.
 pub fn is_local(ip: IpAddr) -> bool {
     ip.is_loopback() || interfaces().iter().any(|(_, a, _)| *a == ip)
+}
+
+/// A network, `address/prefix` (`ARGUS_NODE_IP=10.1.0.0/16`): the node's
+/// address is the one of its interfaces in it, so one setting serves every
+/// host of a cluster network (a platform's one command line) on hosts with
+/// several interfaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Network {
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+impl Network {
+    /// Parses `address/prefix`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (a, p) = s
+            .trim()
+            .split_once('/')
+            .ok_or("a network is address/prefix, e.g. 10.1.0.0/16")?;
+        let addr: IpAddr = a
+            .parse()
+            .map_err(|_| format!("{a:?} is not an IP address"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix: u8 = p
+            .parse()
+            .ok()
+            .filter(|n| *n <= max)
+            .ok_or(format!("prefix {p:?} is not 0-{max}"))?;
+        Ok(Self { addr, prefix })
+    }
+
+    /// Returns true if and only if `ip` is in this network.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        fn bits(ip: IpAddr) -> (u128, u32) {
+            match ip {
+                IpAddr::V4(v) => (u32::from(v) as u128, 32),
+                IpAddr::V6(v) => (u128::from(v), 128),
+            }
+        }
+        let ((a, width), (b, w2)) = (bits(self.addr), bits(ip));
+        if width != w2 {
+            return false;
+        }
+        let shift = width - self.prefix as u32;
+        shift >= width || (a >> shift) == (b >> shift)
+    }
+}
+
+impl std::fmt::Display for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// Chooses the node IP in `net`: the address of an interface that is up
+/// (the lowest, when several are in it).
+pub fn detect_in(net: Network) -> Result<(IpAddr, IpSource), NoNodeIp> {
+    let mut found: Vec<(String, IpAddr)> = interfaces()
+        .into_iter()
+        .filter(|(_, ip, up)| *up && net.contains(*ip))
+        .map(|(n, ip, _)| (n, ip))
+        .collect();
+    found.sort_by_key(|(_, ip)| *ip);
+    match found.into_iter().next() {
+        Some((iface, ip)) => Ok((
+            ip,
+            IpSource::Network {
+                net: net.to_string(),
+                iface,
+            },
+        )),
+        None => Err(NoNodeIp {
+            tried: format!(
+                "ARGUS_NODE_IP={net}: no interface of this host that is up has an address in it"
+            ),
+        }),
+    }
 }
 
 /// Chooses the node IP and says how.
@@ -154,6 +234,41 @@ eth0\t00000000\t010011AC\t0002\t0\t0\t0\t00000000\n";
         assert_eq!(default_route_iface(down), None);
         assert_eq!(default_route_iface(""), None);
         assert_eq!(default_route_iface("garbage\nzz yy"), None);
+    }
+
+    #[test]
+    fn a_network_picks_this_nodes_address_in_it() {
+        let n = Network::parse("10.1.0.0/16").unwrap();
+        assert!(n.contains("10.1.200.3".parse().unwrap()));
+        assert!(!n.contains("10.2.0.1".parse().unwrap()));
+        assert!(!n.contains("::1".parse().unwrap()));
+        assert!(Network::parse("0.0.0.0/0")
+            .unwrap()
+            .contains("192.0.2.1".parse().unwrap()));
+        assert!(Network::parse("fd00::/8")
+            .unwrap()
+            .contains("fd12::1".parse().unwrap()));
+        for bad in ["10.1.0.0", "10.1.0.0/33", "x/8", "10.1.0.0/-1", "::/129"] {
+            assert!(Network::parse(bad).is_err(), "{bad}");
+        }
+        let (ip, how) = detect_in(Network::parse("127.0.0.0/8").unwrap()).unwrap();
+        assert_eq!(ip.to_string(), "127.0.0.1");
+        assert!(how.to_string().contains("127.0.0.0/8 on lo"), "{how}");
+        let e = detect_in(Network::parse("203.0.113.0/24").unwrap()).unwrap_err();
+        assert!(e.to_string().contains("203.0.113.0/24"), "{e}");
+        // As ARGUS_NODE_IP: a network, checked like every value.
+        let cfg = |v: &str| {
+            let v = v.to_string();
+            crate::config::Config::from_lookup(move |k| match k {
+                "ARGUS_ROLE" => Some("head".into()),
+                "ARGUS_NODE_IP" => Some(v.clone()),
+                _ => None,
+            })
+        };
+        let c = cfg("10.1.0.0/16").unwrap();
+        assert_eq!((c.node_ip, c.node_net), (None, Some(n)));
+        assert_eq!(cfg("10.1.0.0/40").unwrap_err().var, "ARGUS_NODE_IP");
+        assert_eq!(cfg("10.1.0.7").unwrap().node_net, None);
     }
 
     #[test]

@@ -40,7 +40,10 @@ pub fn run(flags: &Flags) -> Outcome {
     if let Err(e) = argus::supervise::privs::make_non_dumpable() {
         warn!(error = %e, "cannot make the agent non-dumpable");
     }
-    let (ip, source) = argus::netinfo::detect(cfg.node_ip)?;
+    let (ip, source) = match cfg.node_net {
+        Some(net) => argus::netinfo::detect_in(net)?,
+        None => argus::netinfo::detect(cfg.node_ip)?,
+    };
     info!(node_ip = %ip, strategy = %source, "node ip chosen");
     // Issue 18: a fixed port of this node's Ray that another process holds
     // (with --network host, anything on the host) is one line naming its
