@@ -365,22 +365,42 @@ fn value(f: &Flag) -> Result<String, ArgsError> {
         .ok_or_else(|| ArgsError::MissingValue(f.shown.clone()))
 }
 
-/// Parses the arguments after `podman`.
-pub fn parse(args: &[String]) -> Result<Command, ArgsError> {
-    let global_kind = |n: &str| -> Option<Kind> {
-        if IGNORED_GLOBALS.contains(&n) {
-            Some(Kind::Value)
-        } else if IGNORED_GLOBAL_BOOLS.contains(&n) || n == "version" || n == "help" {
-            Some(Kind::Bool)
-        } else {
-            None
-        }
-    };
-    let global_short = |c: char| match c {
+fn global_kind(n: &str) -> Option<Kind> {
+    if IGNORED_GLOBALS.contains(&n) {
+        Some(Kind::Value)
+    } else if IGNORED_GLOBAL_BOOLS.contains(&n) || n == "version" || n == "help" {
+        Some(Kind::Bool)
+    } else {
+        None
+    }
+}
+
+fn global_short(c: char) -> Option<&'static str> {
+    match c {
         'v' => Some("version"),
         'h' => Some("help"),
         _ => None,
-    };
+    }
+}
+
+/// Returns the podman command of `args` as [`parse`] sees it: the first
+/// argument after the global flags (`version` for `--version`). None when
+/// there is none (`--help`, nothing) or the global flags do not parse.
+/// What it returns is the caller's text: map it onto a fixed set before
+/// using it as a label (`crate::metrics::shim_command_label`).
+pub fn command_word(args: &[String]) -> Option<&str> {
+    let (flags, first) = split_flags(args, &global_kind, &global_short).ok()?;
+    if flags.iter().any(|f| f.name == "version") {
+        return Some("version");
+    }
+    if flags.iter().any(|f| f.name == "help") {
+        return None;
+    }
+    args.get(first).map(String::as_str)
+}
+
+/// Parses the arguments after `podman`.
+pub fn parse(args: &[String]) -> Result<Command, ArgsError> {
     let (flags, first) = split_flags(args, &global_kind, &global_short)?;
     if flags.iter().any(|f| f.name == "version") {
         return Ok(Command::ShortVersion);

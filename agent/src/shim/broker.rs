@@ -5,9 +5,14 @@
 //! spawns, on a thread of its own, so a garbage, huge, slow or silent client
 //! costs it nothing but a process slot, and at most [`MAX_CALLS`] calls run
 //! at once (beyond that a client gets an error at once).
+//!
+//! Each handler gets a pipe of its own on descriptor 4 for its report (see
+//! [`super::report`]); when the handler exits, the reaper's thread reads
+//! it without blocking and records the call in the agent's metrics
+//! (`argus_shim_*`, [`crate::metrics`]).
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
@@ -15,13 +20,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
 use super::client::SOCKET;
 use super::handler::CONNECTION_FD;
+use super::report::{self, REPORT_FD};
 use super::transport::{self, ToClient};
 use super::EXIT_SHIM;
+use crate::metrics;
 use crate::supervise::reaper;
 
 /// The hidden subcommand a handler process runs.
@@ -112,13 +120,25 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Arc<AtomicUsi
         return;
     }
     let fd = conn.as_raw_fd();
+    let (report_rx, report_tx) = match report_pipe() {
+        Ok(p) => p,
+        Err(e) => {
+            live.fetch_sub(1, Ordering::SeqCst);
+            warn!(error = %e, "podman broker: cannot create a report pipe");
+            refuse(&conn, format!("the node agent cannot start a handler: {e}"));
+            return;
+        }
+    };
+    let tx = report_tx.as_raw_fd();
     let mut cmd = Command::new(exe);
     cmd.arg(HANDLER_COMMAND)
         .arg(&cfg.settings)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    // SAFETY: dup2 and fcntl are async-signal-safe.
+    // SAFETY: dup2 and fcntl are async-signal-safe. The report's write
+    // end is above REPORT_FD (see `report_pipe`), so placing the connection
+    // cannot overwrite it; dup2 leaves both targets inherited.
     unsafe {
         cmd.pre_exec(move || {
             if fd == CONNECTION_FD {
@@ -128,20 +148,61 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Arc<AtomicUsi
             } else if libc::dup2(fd, CONNECTION_FD) < 0 {
                 return Err(io::Error::last_os_error());
             }
+            if libc::dup2(tx, REPORT_FD) < 0 {
+                return Err(io::Error::last_os_error());
+            }
             Ok(())
         });
     }
     let done = live.clone();
-    match reaper::spawn_with(&mut cmd, move |exit| {
+    let started = Instant::now();
+    let spawned = reaper::spawn_with(&mut cmd, move |exit| {
         done.fetch_sub(1, Ordering::SeqCst);
-        debug!(pid, %exit, "podman call ended");
-    }) {
+        let took = started.elapsed();
+        // The handler has exited: what it wrote is in the pipe.
+        let r = report::read(report_rx.as_fd());
+        record(&r, took);
+        debug!(pid, %exit, command = r.command, code = ?r.code, refusal = ?r.refusal, ?took, "podman call ended");
+    });
+    // Only the handler holds the write end now: a handler that dies
+    // without writing leaves an empty pipe.
+    drop(report_tx);
+    match spawned {
         Ok(handler) => debug!(pid, uid, handler, "podman call accepted"),
         Err(e) => {
             live.fetch_sub(1, Ordering::SeqCst);
             warn!(error = %e, "podman broker: cannot start a handler");
             refuse(&conn, format!("the node agent cannot start a handler: {e}"));
         }
+    }
+}
+
+/// Creates a call's report pipe: the read end non-blocking (the broker
+/// reads it from the reaper's thread once the handler exited), both ends
+/// close-on-exec (no other child of PID 1 inherits them; the handler gets
+/// the write end on [`REPORT_FD`] by dup2), and the write end numbered
+/// above [`REPORT_FD`] and [`CONNECTION_FD`].
+fn report_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let (rx, tx) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    fcntl(&rx, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    let high = fcntl(&tx, FcntlArg::F_DUPFD_CLOEXEC(REPORT_FD + 1))?;
+    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor this process owns.
+    let tx = unsafe { OwnedFd::from_raw_fd(high) };
+    Ok((rx, tx))
+}
+
+/// Records a call's report (or its absence) in the agent's metrics.
+fn record(r: &report::Checked, took: Duration) {
+    metrics::shim_call(r.command, took);
+    if let Some(rule) = r.refusal {
+        metrics::shim_refusal(rule);
+    }
+    if r.created > 0 {
+        metrics::shim_created(r.created);
+    }
+    if r.removed > 0 {
+        metrics::janitor_removed(r.removed);
     }
 }
 

@@ -78,16 +78,33 @@ pub fn is_removal_in_progress(e: &BollardError) -> bool {
 /// silently: the shim's `--rm`, the watchdog and the janitors may race for
 /// the same container. Returns false, with a warning, on any other failure.
 pub async fn remove(docker: &Docker, id: &str) -> bool {
+    remove_container(docker, id).await != Removal::Failed
+}
+
+/// How a removal ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// This call removed the container.
+    Removed,
+    /// It was already gone, or another remover was removing it.
+    Gone,
+    /// The daemon refused or failed (logged as a warning).
+    Failed,
+}
+
+/// [`remove`], telling whether this call removed the container (the
+/// janitor's metrics count only those).
+pub async fn remove_container(docker: &Docker, id: &str) -> Removal {
     let opts = RemoveContainerOptionsBuilder::new()
         .force(true)
         .v(true)
         .build();
     match docker.remove_container(id, Some(opts)).await {
-        Ok(()) => true,
-        Err(e) if is_not_found(&e) || is_removal_in_progress(&e) => true,
+        Ok(()) => Removal::Removed,
+        Err(e) if is_not_found(&e) || is_removal_in_progress(&e) => Removal::Gone,
         Err(e) => {
             tracing::warn!(id, error = %message(&e), "failed to remove container");
-            false
+            Removal::Failed
         }
     }
 }

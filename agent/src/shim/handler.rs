@@ -14,6 +14,10 @@
 //! `podman` would and sends back the exit code. A client that vanishes
 //! (the raylet SIGKILLs workers) closes the connection: the handler kills
 //! itself, and the watchdog it forked removes the container at once.
+//!
+//! Its report to the broker (command, exit code, refusal rule, containers
+//! created and swept) goes on descriptor 4 ([`report::REPORT_FD`]), once,
+//! at the end of the call or just before it kills itself.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -23,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::report;
 use super::runner::FORWARDED;
 use super::settings::NodeSettings;
 use super::transport::{self, Request, ToAgent, ToClient};
@@ -39,6 +44,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// subscriber once stderr is the client's. Returns the exit code.
 pub fn serve(settings: &Path, init_log: impl FnOnce()) -> u8 {
     let _ = privs::make_non_dumpable();
+    report::take_fd();
     // SAFETY: the broker passes the connection on this descriptor, and
     // nothing else in this process owns it.
     let sock = unsafe { UnixStream::from_raw_fd(CONNECTION_FD) };
@@ -52,6 +58,7 @@ pub fn serve(settings: &Path, init_log: impl FnOnce()) -> u8 {
                     error: Some(e),
                 },
             );
+            report::send(EXIT_SHIM);
             return EXIT_SHIM;
         }
     };
@@ -61,6 +68,7 @@ pub fn serve(settings: &Path, init_log: impl FnOnce()) -> u8 {
     done.store(true, Ordering::SeqCst);
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
+    report::send(code);
     let _ = transport::send(&sock, &ToClient { code, error: None });
     code
 }
@@ -173,6 +181,8 @@ fn relay_signals(sock: &UnixStream, done: Arc<AtomicBool>) {
             }
             Err(_) => {
                 if !done.load(Ordering::SeqCst) {
+                    // The call ends here, as a SIGKILLed podman's would.
+                    report::send(128 + libc::SIGKILL as u8);
                     // SAFETY: ends this process; the watchdog sees it.
                     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
                 }

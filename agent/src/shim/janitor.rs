@@ -21,7 +21,7 @@ use bollard::query_parameters::{InspectContainerOptions, ListContainersOptionsBu
 use bollard::Docker;
 use tokio_util::sync::CancellationToken;
 
-use super::docker::{self, process_start, remove};
+use super::docker::{self, process_start, remove, Removal};
 use super::labels::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
 use super::owner;
 use super::ShimError;
@@ -114,7 +114,8 @@ async fn list(docker: &Docker, label: String) -> Result<Vec<Labelled>, ShimError
         .collect())
 }
 
-/// Sweeps the containers of `owner`; returns how many it removed. A
+/// Sweeps the containers of `owner`; returns how many it removed (itself:
+/// not those another remover got to first). A
 /// `DeadShims` sweep also removes orphans: containers whose owning Ray
 /// container is gone (it cannot sweep them itself any more, and with its
 /// PID namespace gone they are dead anyway).
@@ -145,14 +146,27 @@ pub async fn sweep(
             }
             let c = c.seen;
             tracing::info!(id = %c.id, pid = ?c.pid, ?scope, "removing container of the podman shim");
-            remove(docker, &c.id).await;
-            n += 1;
+            n += removed(docker, &c.id).await;
         }
     }
     if scope == JanitorScope::DeadShims {
         n += sweep_orphans(docker, others, stop).await?;
     }
     Ok(n)
+}
+
+/// Removes container `id` for a sweep; returns 1 if and only if this call
+/// removed it (not one already gone or being removed by another remover),
+/// and counts it: in this process's metrics (PID 1's janitor thread: the
+/// agent serves them) and in its report (a `podman run`'s sweep in a
+/// handler process: the broker adds it to the agent's metrics).
+async fn removed(docker: &Docker, id: &str) -> usize {
+    if docker::remove_container(docker, id).await != Removal::Removed {
+        return 0;
+    }
+    super::report::note_removed();
+    crate::metrics::janitor_removed(1);
+    1
 }
 
 /// Returns true if and only if a container whose owner is in `state` (None:
@@ -200,8 +214,7 @@ async fn sweep_orphans(
         if orphaned(owners[&owner]) {
             let id = c.seen.id;
             tracing::info!(%id, %owner, "removing container whose Ray container is gone");
-            remove(docker, &id).await;
-            n += 1;
+            n += removed(docker, &id).await;
         }
     }
     Ok(n)

@@ -20,7 +20,8 @@
 //! [`cmds`] the other subcommands, over [`docker`]. Beside them:
 //! [`selfid`] finds the Ray container and maps its paths to the host,
 //! [`labels`] and [`owner`] name the containers, [`janitor`] sweeps,
-//! [`watchdog`] outlives a killed handler. Without a node agent (tests, a
+//! [`watchdog`] outlives a killed handler, [`report`] tells the broker how
+//! a call went (for the agent's metrics). Without a node agent (tests, a
 //! person on a host) the shim runs the call in-process from `args` on.
 
 pub mod args;
@@ -33,6 +34,7 @@ pub mod janitor;
 pub mod labels;
 pub mod owner;
 pub mod policy;
+pub mod report;
 pub mod resolve;
 pub mod runner;
 pub mod selfid;
@@ -123,6 +125,9 @@ pub fn run(args: Vec<OsString>) -> u8 {
 /// handler of one client call); `on_ready` runs once the watchdog is forked
 /// and before any thread of the shim exists.
 pub fn run_here(args: &[String], on_ready: impl FnOnce()) -> u8 {
+    report::note_command(crate::metrics::shim_command_label(
+        args::command_word(args).unwrap_or(""),
+    ));
     let command = match args::parse(args) {
         Ok(c) => c,
         Err(e) => return fail(&ShimError::from(e)),
@@ -192,7 +197,12 @@ fn use_node_settings(file: Option<&std::path::Path>) -> Result<(), ShimError> {
     Ok(())
 }
 
+/// Prints `e` as podman does and returns its exit code; notes the rule
+/// when `e` is a refusal (for the broker's report, see [`report`]).
 fn fail(e: &ShimError) -> u8 {
+    if let Some(rule) = policy::refusal_rule(e) {
+        report::note_refusal(rule);
+    }
     eprintln!("Error: {e}");
     EXIT_SHIM
 }

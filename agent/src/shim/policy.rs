@@ -104,6 +104,109 @@ pub const CHECKED_RULES: &[&str] = &[
     "groups",
 ];
 
+/// The `rule` label values of `argus_shim_refusals_total`: every rule that
+/// refuses a call, as the refusal message names it with `_` for `-`
+/// (`no-privileged` is `no_privileged`), plus the flag table's own
+/// refusals: `unsupported` (podman-only flags and options),
+/// `unknown_flag` and `unknown_command`. A fixed set, so the metric's
+/// series stay bounded whatever a caller sends; anything else a report
+/// names is counted as `other` (see [`refusal_label`]).
+pub const REFUSAL_RULES: &[&str] = &[
+    "owned_containers_only",
+    "no_job_policy",
+    "binds",
+    "bind_propagation",
+    "no_docker_socket_bind",
+    "no_host_root_bind",
+    "no_etc_bind",
+    "no_proc_bind",
+    "no_sys_bind",
+    "no_docker_data_bind",
+    "no_writable_subfolder_bind",
+    "namespaces",
+    "userns",
+    "capabilities",
+    "security_opt",
+    "devices",
+    "no_shim_labels",
+    "gpus",
+    "resources",
+    "ulimits",
+    "restart",
+    "log_driver",
+    "tmpfs",
+    "users",
+    "groups",
+    "no_privileged",
+    "no_cgroup_parent",
+    "allowed_images",
+    "unsupported",
+    "unknown_flag",
+    "unknown_command",
+];
+
+/// Returns the label of `rule` (a rule name as the messages spell it,
+/// `no-privileged`, or already as a label, `no_privileged`; anything after
+/// the name, such as `binds (not under …)`, is ignored): one of
+/// [`REFUSAL_RULES`], or `other`.
+pub fn refusal_label(rule: &str) -> &'static str {
+    let name = rule.split(' ').next().unwrap_or("");
+    REFUSAL_RULES
+        .iter()
+        .find(|r| {
+            r.len() == name.len()
+                && r.bytes()
+                    .zip(name.bytes())
+                    .all(|(a, b)| a == b || (a == b'_' && b == b'-'))
+        })
+        .copied()
+        .unwrap_or("other")
+}
+
+impl PolicyError {
+    /// Returns the rule that refused the call, as a label of
+    /// [`REFUSAL_RULES`]; None for a bad policy setting (the node's
+    /// configuration, not a refusal of the call).
+    pub fn rule(&self) -> Option<&'static str> {
+        let rule = match self {
+            PolicyError::Refused { rule, .. }
+            | PolicyError::Bind { rule, .. }
+            | PolicyError::Flag { rule, .. } => rule,
+            PolicyError::CapAdd(_) => "capabilities",
+            PolicyError::Unresolvable { .. } => "binds",
+            PolicyError::Image { .. } => "allowed-images",
+            PolicyError::JobPolicy { .. } => "no-job-policy",
+            PolicyError::NotOwned { .. } => "owned-containers-only",
+            PolicyError::Setting { .. } => return None,
+        };
+        Some(refusal_label(rule))
+    }
+}
+
+/// Returns the rule, as a label of [`REFUSAL_RULES`], that refused the call
+/// failing with `e`: the policy's rules, the translation's
+/// `no-writable-subfolder-bind` and podman-only modes, and the flag
+/// table's refusals (unknown, unsupported). None when `e` is no refusal
+/// (a malformed call, the daemon, a setting).
+pub fn refusal_rule(e: &super::ShimError) -> Option<&'static str> {
+    use super::args::ArgsError;
+    use super::translate::TranslateError;
+    use super::ShimError;
+    match e {
+        ShimError::Policy(p) => p.rule(),
+        ShimError::Translate(TranslateError::RacySubfolder { .. }) => {
+            Some(refusal_label("no-writable-subfolder-bind"))
+        }
+        ShimError::Translate(TranslateError::Unsupported { .. })
+        | ShimError::Args(ArgsError::Unsupported { .. })
+        | ShimError::Args(ArgsError::NotSupported { .. }) => Some("unsupported"),
+        ShimError::Args(ArgsError::UnknownFlag(_))
+        | ShimError::Args(ArgsError::UnknownOption { .. }) => Some("unknown_flag"),
+        ShimError::Args(ArgsError::UnknownCommand(_)) => Some("unknown_command"),
+        _ => None,
+    }
+}
+
 /// Log drivers that keep a container's output on this host.
 pub const LOCAL_LOG_DRIVERS: &[&str] = &["json-file", "local", "none"];
 
@@ -1158,13 +1261,114 @@ mod tests {
             let mut full = vec!["run"];
             full.extend(argv.iter().copied());
             full.push("img");
-            assert_eq!(rule_of(check(&p, &full)), rule, "{argv:?}");
+            let refused = check(&p, &full);
+            let label = refused.as_ref().err().and_then(PolicyError::rule);
+            assert_eq!(label, Some(refusal_label(rule)), "{argv:?}");
+            assert_ne!(label, Some("other"), "{argv:?}: {rule}");
+            assert_eq!(rule_of(refused), rule, "{argv:?}");
         }
         assert_eq!(
             check(&p, &["run", "-e", "ARGUS_SHIM_POLICY=relaxed", "i"]),
             Err(PolicyError::JobPolicy {
                 name: "ARGUS_SHIM_POLICY".into()
             })
+        );
+    }
+
+    #[test]
+    fn every_rule_has_a_bounded_snake_case_label() {
+        use crate::shim::args::{ArgsError, RUN_FLAGS};
+        use crate::shim::ShimError;
+        let labels: HashSet<&str> = REFUSAL_RULES.iter().copied().collect();
+        assert_eq!(labels.len(), REFUSAL_RULES.len(), "a label is listed twice");
+        for l in REFUSAL_RULES {
+            assert!(
+                !l.is_empty() && l.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{l}"
+            );
+            assert_eq!(refusal_label(l), *l);
+        }
+        // The flag table's rules, the bind rules and the others by name.
+        let table = RUN_FLAGS.iter().filter_map(|f| match f.rule {
+            Rule::Checked(r) | Rule::Refused(r) => Some(r),
+            _ => None,
+        });
+        let named = [
+            "bind-propagation",
+            "no-docker-socket-bind",
+            "no-host-root-bind",
+            "no-etc-bind",
+            "no-proc-bind",
+            "no-sys-bind",
+            "no-docker-data-bind",
+            "no-writable-subfolder-bind",
+            "allowed-images",
+            "binds (not under ARGUS_SHIM_ALLOWED_BINDS)",
+        ];
+        for r in table.chain(CHECKED_RULES.iter().copied()).chain(named) {
+            assert_ne!(refusal_label(r), "other", "{r} has no label");
+        }
+        // Whatever a caller writes is `other`.
+        for junk in ["", "no-privileged-x", "NO_PRIVILEGED", "x\n", "\u{0}"] {
+            assert_eq!(refusal_label(junk), "other", "{junk:?}");
+        }
+        // Every refusal docs/shim.md's policy table names has a label.
+        let doc =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/shim.md"))
+                .unwrap();
+        let table = doc
+            .split("## Policy: default deny")
+            .nth(1)
+            .and_then(|t| t.split("\n\n").nth(2))
+            .unwrap();
+        let mut seen = 0;
+        for row in table.lines().skip(2) {
+            let first = row.split('|').nth(1).unwrap_or("");
+            for name in first.split('`').skip(1).step_by(2) {
+                assert_ne!(refusal_label(name), "other", "docs/shim.md: {name}");
+                seen += 1;
+            }
+        }
+        assert!(seen > 20, "{table}");
+        // docs/shim.md's list of labels is this one.
+        let listed: Vec<&str> = doc
+            .split("The whole set:")
+            .nth(1)
+            .and_then(|t| t.split(" (a unit test").next())
+            .unwrap()
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .collect();
+        assert_eq!(listed, REFUSAL_RULES, "docs/shim.md, section Metrics");
+        // Refusals of the parser, and errors that are no refusal.
+        let args = |e| refusal_rule(&ShimError::Args(e));
+        assert_eq!(
+            args(ArgsError::UnknownFlag("--x".into())),
+            Some("unknown_flag")
+        );
+        assert_eq!(
+            args(ArgsError::UnknownCommand("x".into())),
+            Some("unknown_command")
+        );
+        assert_eq!(
+            args(ArgsError::Unsupported {
+                flag: "--pod".into(),
+                value: "p".into()
+            }),
+            Some("unsupported")
+        );
+        assert_eq!(args(ArgsError::MissingValue("--name".into())), None);
+        assert_eq!(refusal_rule(&ShimError::NoSuchContainer("c".into())), None);
+        let setting = PolicyError::Setting {
+            name: "ARGUS_SHIM_POLICY",
+            value: "x".into(),
+            why: "bad",
+        };
+        assert_eq!(setting.rule(), None);
+        assert_eq!(
+            PolicyError::NotOwned { name: "c".into() }.rule(),
+            Some("owned_containers_only")
         );
     }
 

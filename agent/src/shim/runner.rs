@@ -152,7 +152,10 @@ async fn create(
     }
     watchdog::note_create();
     match docker.create_container(Some(opts()), body.clone()).await {
-        Ok(r) => return Ok(r.id),
+        Ok(r) => {
+            super::report::note_created();
+            return Ok(r.id);
+        }
         Err(e) if is_not_found(&e) && message(&e).to_ascii_lowercase().contains("image") => {
             if o.pull == PullPolicy::Never {
                 return Err(ShimError::ImageMissing {
@@ -172,14 +175,16 @@ async fn create(
     }
     pull(docker, &o.image, o.quiet).await?;
     watchdog::note_create();
-    docker
+    let id = docker
         .create_container(Some(opts()), body)
         .await
         .map(|r| r.id)
         .map_err(ShimError::docker(format!(
             "create container from {}",
             o.image
-        )))
+        )))?;
+    super::report::note_created();
+    Ok(id)
 }
 
 async fn context(
