@@ -48,6 +48,8 @@ const RAY_VERSION: &str = "2.53.0";
 const DOC: &str = "docs/deploy.md";
 const HEAD_IP: &str = "127.0.10.2";
 const WORKER_IP: &str = "127.0.10.3";
+/// The worker of the platform form (`run` flags in the command).
+const PLATFORM_IP: &str = "127.0.10.4";
 const PREFIX: &str = "argus-hostnet";
 
 fn e2e_version() -> String {
@@ -234,6 +236,8 @@ struct StandIn<'a> {
     add_env: Vec<String>,
     /// Redis: `--port` after the image.
     redis_port: Option<u16>,
+    /// `--node-ip` after the image (the platform form).
+    node_ip: Option<String>,
 }
 
 /// Applies the one-box stand-ins to the page's `docker run` words; returns
@@ -262,7 +266,8 @@ fn apply_stand_ins(words: &[String], image: &str, s: &StandIn) -> (Vec<String>, 
             i += 2;
             continue;
         } else if i < image_at && w == "--name" {
-            let n = format!("{}-{}", s.prefix, next.unwrap());
+            // One container per node: on a real host one node has the name.
+            let n = format!("{}-{}", s.prefix, s.node);
             changes.push(format!("--name {n}"));
             out.extend(["--name".to_string(), n]);
             i += 2;
@@ -292,12 +297,34 @@ fn apply_stand_ins(words: &[String], image: &str, s: &StandIn) -> (Vec<String>, 
             out.extend(["--port".to_string(), p]);
             i += 2;
             continue;
+        } else if i > image_at && w == "--node-ip" {
+            let ip = s.node_ip.clone().expect("a node IP");
+            changes.push(format!("--node-ip {ip}"));
+            out.extend(["--node-ip".to_string(), ip]);
+            i += 2;
+            continue;
+        } else if i > image_at && s.env.contains_key(&flag_var(w)) {
+            // A variable given as a flag of `run` (the platform form).
+            let v = s.env[&flag_var(w)].clone();
+            changes.push(format!("{w} {v}"));
+            out.extend([w.clone(), v]);
+            i += 2;
+            continue;
         } else {
             out.push(w.clone());
         }
         i += 1;
     }
     (out, changes)
+}
+
+/// Returns the variable of a `run` flag: `--ray-worker-ports` ->
+/// `ARGUS_RAY_WORKER_PORTS` (config.rs's `Var::flag`, backwards).
+fn flag_var(flag: &str) -> String {
+    match flag.strip_prefix("--") {
+        Some(f) => format!("ARGUS_{}", f.to_ascii_uppercase().replace('-', "_")),
+        None => String::new(),
+    }
 }
 
 // ---------------------------------------------------------------- ports
@@ -325,7 +352,7 @@ const HEAD_PORT_VARS: &[&str] = &[
     "ARGUS_RAY_CLIENT_SERVER_PORT",
 ];
 const WORKER_RANGE: u16 = 30;
-const BLOCK: u16 = 100;
+const BLOCK: u16 = 128;
 
 /// Returns the first port of a block of `BLOCK` ports below Linux's
 /// ephemeral range that are all free on every address now.
@@ -664,6 +691,7 @@ fn deploy_doc_lines_are_the_ones_this_test_runs() {
     for (name, ports, image) in [
         ("head", &hp, node_image()),
         ("worker", &wp, node_image()),
+        ("platform-worker", &wp, node_image()),
         ("redis", &wp, redis_image()),
     ] {
         let words = doc_command(&doc, name, &vars);
@@ -678,6 +706,7 @@ fn deploy_doc_lines_are_the_ones_this_test_runs() {
             env,
             add_env: vec!["ARGUS_NODE_IP=127.0.10.9".into()],
             redis_port: Some(1),
+            node_ip: Some("127.0.10.9".into()),
         };
         let (out, changes) = apply_stand_ins(&words, &image, &s);
         for c in &changes {
@@ -690,6 +719,8 @@ fn deploy_doc_lines_are_the_ones_this_test_runs() {
                 "-e ARGUS_DASHBOARD_PORT",
                 "-e ARGUS_GCS_FT_REDIS",
                 "redis --port",
+                "--node-ip 127.0.10.9",
+                "--ray-",
             ];
             assert!(
                 known.iter().any(|k| c.starts_with(k)),
@@ -701,16 +732,17 @@ fn deploy_doc_lines_are_the_ones_this_test_runs() {
             "{name}: {out:?}"
         );
         if name != "redis" {
-            // Every port the node binds at a fixed number is on the page.
-            let given: Vec<&str> = words
+            // Every port the node binds at a fixed number is on the page
+            // (as `-e VAR=` or as a flag of `run`).
+            let given: Vec<String> = words
                 .iter()
-                .filter_map(|w| w.split_once('=').map(|(k, _)| k))
+                .filter_map(|w| match w.split_once('=') {
+                    Some((k, _)) => Some(k.to_string()),
+                    None => w.starts_with("--").then(|| flag_var(w)),
+                })
                 .collect();
             for v in ports.env.keys() {
-                assert!(
-                    given.contains(&v.as_str()),
-                    "{name}: {DOC} does not set {v}"
-                );
+                assert!(given.contains(v), "{name}: {DOC} does not set {v}");
             }
         }
     }
@@ -731,8 +763,9 @@ fn docker_run_on_host_networking_joins_runs_engines_follows_the_head_and_stops_c
     next += 1;
     let hp = Ports::node(&mut next, true);
     let wp = Ports::node(&mut next, false);
+    let pp = Ports::node(&mut next, false);
     log(&format!(
-        "one box: head {HEAD_IP}, worker {WORKER_IP}, ports {base}-{} (redis {redis_port})",
+        "one box: head {HEAD_IP}, worker {WORKER_IP}, platform worker {PLATFORM_IP}, ports {base}-{} (redis {redis_port})",
         next - 1
     ));
     let gcs = format!("{HEAD_IP}:{}", hp.get("ARGUS_RAY_PORT"));
@@ -750,6 +783,7 @@ fn docker_run_on_host_networking_joins_runs_engines_follows_the_head_and_stops_c
         },
         add_env: vec![format!("ARGUS_NODE_IP={ip}"), extra.clone()],
         redis_port: Some(redis_port),
+        node_ip: Some(ip.to_string()),
     };
     let redis_stand_in = StandIn {
         add_env: vec![],
@@ -770,13 +804,24 @@ fn docker_run_on_host_networking_joins_runs_engines_follows_the_head_and_stops_c
         &node_image(),
         &stand_in("worker", WORKER_IP, &wp),
     );
-    for (n, c) in [("redis", c1), ("head", c2), ("worker", c3)] {
+    let (platform_args, c4) = apply_stand_ins(
+        &doc_command(&doc, "platform-worker", &vars),
+        &node_image(),
+        &stand_in("platform-worker", PLATFORM_IP, &pp),
+    );
+    for (n, c) in [
+        ("redis", c1),
+        ("head", c2),
+        ("worker", c3),
+        ("platform-worker", c4),
+    ] {
         log(&format!("{n}: one-box stand-ins: {}", c.join("; ")));
     }
-    let (head, worker, redis) = (
-        bx.name("argus-head"),
-        bx.name("argus-worker"),
-        bx.name("argus-redis"),
+    let (head, worker, redis, platform) = (
+        bx.name("head"),
+        bx.name("worker"),
+        bx.name("redis"),
+        bx.name("platform-worker"),
     );
 
     // Redis, then the head and the worker at once (the worker waits for the record).
@@ -957,9 +1002,49 @@ fn docker_run_on_host_networking_joins_runs_engines_follows_the_head_and_stops_c
         );
     }
 
-    // docker kill + docker start of the head: the worker follows (GCS FT:
-    // rides it through on the same Ray node).
+    // The platform form: the same worker, its settings as flags of `run`.
+    let t = Instant::now();
+    let out = bx.docker_run(&platform_args);
+    assert!(out.status.success(), "docker run: {}", text(&out.stderr));
+    let nodes = wait_nodes(
+        &head,
+        &gcs,
+        "the platform worker alive",
+        Duration::from_secs(300),
+        |n| n.len() == 3 && n.iter().any(|(_, ip)| ip == PLATFORM_IP),
+    );
+    log(&format!(
+        "docker run of the platform worker (run flags) -> alive in Ray: {:.1}s",
+        t.elapsed().as_secs_f64()
+    ));
+    let platform_node = nodes
+        .iter()
+        .find(|(_, ip)| ip == PLATFORM_IP)
+        .unwrap()
+        .0
+        .clone();
+    assert_eq!(status(&platform)["node_ip"], PLATFORM_IP);
+    // The flags took effect: Ray's node-manager port is the one given.
+    // (`docker exec … argus-agent config` cannot show them: it sees the
+    // container's environment, not PID 1's command line.)
+    let out = python(
+        &head,
+        "import json, sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR'); \
+         print(json.dumps({n['NodeManagerAddress']: n['NodeManagerPort'] for n in ray.nodes() if n['Alive']}))",
+        &[&gcs],
+    );
+    let ports: Value = serde_json::from_str(text(&out.stdout).trim())
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stderr)));
+    assert_eq!(
+        ports[PLATFORM_IP].as_u64(),
+        Some(pp.get("ARGUS_RAY_NODE_MANAGER_PORT") as u64),
+        "the platform worker's node-manager port: {ports}"
+    );
+
+    // docker kill + docker start of the head: the workers follow (GCS FT:
+    // ride it through on the same Ray nodes).
     let before = status(&worker);
+    let before_p = status(&platform);
     log("fault: docker kill + docker start of the head container");
     docker(&["kill", &head]);
     let t = Instant::now();
@@ -972,7 +1057,9 @@ fn docker_run_on_host_networking_joins_runs_engines_follows_the_head_and_stops_c
         |n| {
             n.iter()
                 .any(|(id, ip)| ip == WORKER_IP && *id == worker_node)
-                && n.len() == 2
+                && n.iter()
+                    .any(|(id, ip)| ip == PLATFORM_IP && *id == platform_node)
+                && n.len() == 3
         },
     );
     let back = t.elapsed();
@@ -982,23 +1069,27 @@ fn docker_run_on_host_networking_joins_runs_engines_follows_the_head_and_stops_c
         "the worker follows the new head instance",
         Duration::from_secs(60),
         || {
-            let s = status(&worker);
-            (s["head_instance_id"] == record["instance_id"])
+            let (s, p) = (status(&worker), status(&platform));
+            (s["head_instance_id"] == record["instance_id"]
+                && p["head_instance_id"] == record["instance_id"])
                 .then_some(())
-                .ok_or(s.to_string())
+                .ok_or(format!("{s}\n{p}"))
         },
     );
-    let after = status(&worker);
+    let (after, after_p) = (status(&worker), status(&platform));
     log(&format!(
-        "head kill+start -> worker alive on it, same Ray node: {:.1}s; worker on the new instance {:.1}s later; worker Ray restarts {} -> {}",
+        "head kill+start -> both workers alive on it, same Ray nodes: {:.1}s; both on the new instance {:.1}s later; worker Ray restarts {} -> {}, platform worker {} -> {}",
         back.as_secs_f64(),
         follow.as_secs_f64(),
         before["restarts"],
-        after["restarts"]
+        after["restarts"],
+        before_p["restarts"],
+        after_p["restarts"]
     ));
     assert_eq!(
-        before["restarts"], after["restarts"],
-        "the worker restarted its Ray: {after}"
+        (&before["restarts"], &before_p["restarts"]),
+        (&after["restarts"], &after_p["restarts"]),
+        "a worker restarted its Ray: {after}\n{after_p}"
     );
     let out = python(&worker, "import ray,sys; ray.init(address=sys.argv[1]); print(ray.get(ray.remote(lambda: 6 * 7).options(resources={'worker_node': 1}).remote()))", &[&gcs]);
     assert_eq!(
@@ -1008,12 +1099,12 @@ fn docker_run_on_host_networking_joins_runs_engines_follows_the_head_and_stops_c
         text(&out.stderr)
     );
 
-    // docker stop of both: exit 0 within 10 s, nothing left behind.
-    let ids: Vec<String> = [&worker, &head]
+    // docker stop of each node: exit 0 within 10 s, nothing left behind.
+    let ids: Vec<String> = [&worker, &platform, &head]
         .iter()
         .map(|c| inspect(c, "{{.Id}}"))
         .collect();
-    for c in [&worker, &head] {
+    for c in [&worker, &platform, &head] {
         let t = Instant::now();
         docker(&["stop", c]);
         let took = t.elapsed();
@@ -1050,6 +1141,7 @@ fn docker_run_on_host_networking_joins_runs_engines_follows_the_head_and_stops_c
         .iter()
         .map(|p| addr(*p, HEAD_IP))
         .chain(wp.all.iter().map(|p| addr(*p, WORKER_IP)))
+        .chain(pp.all.iter().map(|p| addr(*p, PLATFORM_IP)))
         .filter(|a| TcpListener::bind(a).is_err())
         .collect();
     assert!(
