@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the node image and engine images from this checkout.
 #
-#   scripts/build-images.sh [node] [node-common] [engine] [redis] [lb] [options]   (default: node)
+#   scripts/build-images.sh [node] [node-common] [engine] [redis] [lb] [monitoring] [options]   (default: node)
 #
 # node-common: only the node image's stage below the agent binary (no tag),
 #   so that the Docker build cache holds it before the agent is compiled:
@@ -13,6 +13,9 @@
 # LB: argus/argus-lb:$ARGUS_VERSION from Dockerfile.lb (Debian's HAProxy on
 #   BASE_IMAGE, config docker/lb/haproxy.cfg checked with `haproxy -c`), the
 #   `lb` service of docker-compose.yaml: the workers' Serve proxies on one port.
+# Monitoring: argus/argus-prometheus:$ARGUS_VERSION from Dockerfile.prometheus
+#   (Debian's Prometheus on BASE_IMAGE, docker/prometheus/ checked with
+#   promtool), the `prometheus` service of docker-compose.monitoring.yaml.
 #   --prebuilt      use target/release/argus-agent (built here with
 #                   `cargo build --release -p argus-agent` unless --no-cargo)
 #                   instead of compiling the agent in a Rust image
@@ -42,7 +45,7 @@ OFFICIAL_BASE=rayproject/ray:${RAY_VERSION}-py311
 log() { printf 'build-images: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-build_common=0 build_node=0 build_engine=0 build_redis=0 build_lb=0 prebuilt=0 cargo=1 local_base=0 install_vllm=1
+build_common=0 build_node=0 build_engine=0 build_redis=0 build_lb=0 build_monitoring=0 prebuilt=0 cargo=1 local_base=0 install_vllm=1
 registry=localhost engine_version= agent_binary=target/release/argus-agent
 while [ $# -gt 0 ]; do
   case $1 in
@@ -51,6 +54,7 @@ while [ $# -gt 0 ]; do
     engine) build_engine=1 ;;
     redis) build_redis=1 ;;
     lb) build_lb=1 ;;
+    monitoring) build_monitoring=1 ;;
     --prebuilt) prebuilt=1 ;;
     --no-cargo) cargo=0 ;;
     --local-base) local_base=1 ;;
@@ -63,7 +67,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ $build_common = 1 ] || [ $build_node = 1 ] || [ $build_engine = 1 ] || [ $build_redis = 1 ] || [ $build_lb = 1 ] || build_node=1
+[ $build_common = 1 ] || [ $build_node = 1 ] || [ $build_engine = 1 ] || [ $build_redis = 1 ] || [ $build_lb = 1 ] || [ $build_monitoring = 1 ] || build_node=1
 engine_version=${engine_version:-v$VLLM_VERSION}
 
 command -v docker >/dev/null || die "docker CLI not found"
@@ -115,7 +119,7 @@ if [ $build_engine = 1 ]; then
 fi
 
 # build_on_base NAME DOCKERFILE: an image of Debian's packages on BASE_IMAGE
-# (the Redis and the load balancer), tagged argus/argus-NAME:$ARGUS_VERSION.
+# (the Redis, the load balancer, Prometheus), tagged argus/argus-NAME:$ARGUS_VERSION.
 build_on_base() {
   local tag=argus/argus-$1:$ARGUS_VERSION
   local args=(-f "$2" -t "$tag" --build-arg "BASE_IMAGE=$BASE_IMAGE")
@@ -126,3 +130,4 @@ build_on_base() {
 
 if [ $build_redis = 1 ]; then build_on_base redis Dockerfile.redis; fi
 if [ $build_lb = 1 ]; then build_on_base lb Dockerfile.lb; fi
+if [ $build_monitoring = 1 ]; then build_on_base prometheus Dockerfile.prometheus; fi

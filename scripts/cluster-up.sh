@@ -4,7 +4,7 @@
 # fault tolerance a Redis), then waits until all three Ray nodes are alive
 # and prints the dashboard and Serve URLs.
 #
-#   scripts/cluster-up.sh [--no-gcs-ft] [--no-wait] [--no-build] [-- extra `up` args]
+#   scripts/cluster-up.sh [--no-gcs-ft] [--monitoring] [--no-wait] [--no-build] [-- extra `up` args]
 #
 # GCS fault tolerance is on by default (ARGUS_GCS_FT=1; `--gcs-ft` is still
 # accepted): docker-compose.gcs-ft.yaml on top, a Redis service
@@ -16,6 +16,11 @@
 # service (argus/argus-lb, built here from Dockerfile.lb: HAProxy in front of
 # the workers' Serve proxies). It answers once a Serve application listens on
 # 0.0.0.0:8000 on the workers (`proxy_location: EveryNode`).
+# --monitoring (or ARGUS_MONITORING=1): docker-compose.monitoring.yaml on top,
+# a Prometheus service (argus/argus-prometheus, built here from
+# Dockerfile.prometheus) on http://localhost:$ARGUS_PROMETHEUS_HOST_PORT/
+# (9090) scraping every agent and every Ray node, with the alert rules of
+# docker/prometheus/rules (docs/operations.md).
 # Choices made for you (override by environment):
 #   - Ray base: rayproject/ray:2.53.0-py311 if present or pullable, else the
 #     registry-free argus/ray-base (scripts/build-base-image.sh, needs root).
@@ -23,8 +28,9 @@
 #   - agent: the prebuilt target/release/argus-agent when cargo is here,
 #     else compiled in the Rust build stage. ARGUS_PREBUILT=0|1 forces one.
 #   - compose: `docker compose` (v2) if present, else `docker-compose` (v1).
-#   - images: ARGUS_NODE_IMAGE, ARGUS_REDIS_IMAGE, ARGUS_LB_IMAGE (default
-#     argus/argus-{ray-node,redis,lb}:$ARGUS_VERSION, ARGUS_VERSION=dev).
+#   - images: ARGUS_NODE_IMAGE, ARGUS_REDIS_IMAGE, ARGUS_LB_IMAGE,
+#     ARGUS_PROMETHEUS_IMAGE (default
+#     argus/argus-{ray-node,redis,lb,prometheus}:$ARGUS_VERSION, ARGUS_VERSION=dev).
 # Host preparation: ARGUS_MODEL_CACHE (/tmp/argus-models) is created;
 # the node needs no group of the Docker socket (only its agent, root, opens
 # it). Everything else:
@@ -39,13 +45,14 @@ cd "$(dirname "$0")/.."
 log() { printf 'cluster-up: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-wait_nodes=1 build=1 gcs_ft=${ARGUS_GCS_FT:-1} up_args=()
+wait_nodes=1 build=1 gcs_ft=${ARGUS_GCS_FT:-1} monitoring=${ARGUS_MONITORING:-0} up_args=()
 while [ $# -gt 0 ]; do
   case $1 in
     --no-wait) wait_nodes=0 ;;
     --no-build) build=0 ;;
     --gcs-ft) gcs_ft=1 ;;
     --no-gcs-ft) gcs_ft=0 ;;
+    --monitoring) monitoring=1 ;;
     --) shift; up_args=("$@"); break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
@@ -67,8 +74,13 @@ case $gcs_ft in
   0|1) ;;
   *) die "ARGUS_GCS_FT must be 0 or 1, not '$gcs_ft'" ;;
 esac
+case $monitoring in
+  0|1) ;;
+  *) die "ARGUS_MONITORING must be 0 or 1, not '$monitoring'" ;;
+esac
 files=(-f docker-compose.yaml)
 [ "$gcs_ft" = 1 ] && files+=(-f docker-compose.gcs-ft.yaml)
+[ "$monitoring" = 1 ] && files+=(-f docker-compose.monitoring.yaml)
 compose+=("${files[@]}")
 
 RAY_VERSION=${RAY_VERSION:-2.53.0}
@@ -76,6 +88,7 @@ official=rayproject/ray:${RAY_VERSION}-py311
 export ARGUS_NODE_IMAGE=${ARGUS_NODE_IMAGE:-argus/argus-ray-node:${ARGUS_VERSION:-dev}}
 export ARGUS_REDIS_IMAGE=${ARGUS_REDIS_IMAGE:-argus/argus-redis:${ARGUS_VERSION:-dev}}
 export ARGUS_LB_IMAGE=${ARGUS_LB_IMAGE:-argus/argus-lb:${ARGUS_VERSION:-dev}}
+export ARGUS_PROMETHEUS_IMAGE=${ARGUS_PROMETHEUS_IMAGE:-argus/argus-prometheus:${ARGUS_VERSION:-dev}}
 export ARGUS_MODEL_CACHE=${ARGUS_MODEL_CACHE:-/tmp/argus-models}
 
 # The build runs what does not depend on each other side by side (measured on
@@ -127,6 +140,9 @@ if [ $build = 1 ]; then
     step redis env BASE_IMAGE="$ARGUS_BASE_IMAGE" ARGUS_VERSION="${ARGUS_REDIS_IMAGE##*:}" scripts/build-images.sh redis
   fi
   step lb env BASE_IMAGE="$ARGUS_BASE_IMAGE" ARGUS_VERSION="${ARGUS_LB_IMAGE##*:}" scripts/build-images.sh lb
+  if [ "$monitoring" = 1 ]; then
+    step monitoring env BASE_IMAGE="$ARGUS_BASE_IMAGE" ARGUS_VERSION="${ARGUS_PROMETHEUS_IMAGE##*:}" scripts/build-images.sh monitoring
+  fi
   flags=(node)
   finish node-common
   if [ "$prebuilt" = 1 ]; then
@@ -134,7 +150,7 @@ if [ $build = 1 ]; then
     flags+=(--prebuilt --agent-binary target/release/argus-agent)
   fi
   step node env BASE_IMAGE="$ARGUS_BASE_IMAGE" ARGUS_VERSION="${ARGUS_NODE_IMAGE##*:}" scripts/build-images.sh "${flags[@]}"
-  for name in node redis lb; do [ -z "${pids[$name]:-}" ] || finish "$name"; done
+  for name in node redis lb monitoring; do [ -z "${pids[$name]:-}" ] || finish "$name"; done
   log "images built in $(elapsed)"
 fi
 
@@ -162,6 +178,9 @@ while :; do
     fi
     log "cluster up in $(elapsed): $alive Ray nodes alive; dashboard http://localhost:${ARGUS_DASHBOARD_HOST_PORT:-8265}"
     log "Serve endpoint (lb, the workers' Serve proxies): $serve_url"
+    if [ "$monitoring" = 1 ]; then
+      log "Prometheus (agents, Ray nodes, alert rules: docs/operations.md): http://localhost:${ARGUS_PROMETHEUS_HOST_PORT:-9090}/"
+    fi
     log "stop: ${compose[*]} down -v"
     exit 0
   fi

@@ -181,6 +181,26 @@ fn build_redis_image() {
     });
 }
 
+fn prometheus_image() -> String {
+    format!("argus/argus-prometheus:{}", e2e_version())
+}
+
+/// Builds the monitoring Prometheus image (Dockerfile.prometheus, which runs
+/// promtool on its config and rules) on the registry-free base. Once per
+/// process; Docker's layer cache makes a rebuild quick.
+fn build_prometheus_image() {
+    use std::sync::Once;
+    static BUILT: Once = Once::new();
+    BUILT.call_once(|| {
+        log(&format!("building {}", prometheus_image()));
+        let root = workspace_root();
+        run(Command::new(root.join("scripts/build-images.sh"))
+            .current_dir(&root)
+            .env("ARGUS_VERSION", e2e_version())
+            .args(["monitoring", "--local-base"]));
+    });
+}
+
 fn engine_image(version: &str) -> String {
     format!("localhost/neutree/engine-vllm:{version}-ray{RAY_VERSION}")
 }
@@ -240,6 +260,8 @@ impl Cluster {
         let mut env: Vec<(String, String)> = [
             ("ARGUS_NODE_IMAGE", node_image()),
             ("ARGUS_REDIS_IMAGE", redis_image()),
+            ("ARGUS_PROMETHEUS_IMAGE", prometheus_image()),
+            ("ARGUS_PROMETHEUS_HOST_PORT", free_port().to_string()),
             ("ARGUS_MODEL_CACHE", model_cache.display().to_string()),
             ("ARGUS_DASHBOARD_HOST_PORT", free_port().to_string()),
             ("ARGUS_TTL_S", "6".into()),
@@ -271,11 +293,22 @@ impl Cluster {
         };
         log(&format!("compose up -d (project {})", c.project));
         // The Ray nodes and what they depend on (the GCS FT Redis), not
-        // every service of the files: the tests need no other service.
+        // every service of the files: the tests need no other service but
+        // Prometheus when they asked for the monitoring file.
         let mut up = vec!["up", "-d", "--no-build"];
         up.extend(SERVICES);
+        if c.monitored() {
+            up.push("prometheus");
+        }
         c.compose_run(&up);
         c
+    }
+
+    /// The cluster has docker-compose.monitoring.yaml's Prometheus.
+    fn monitored(&self) -> bool {
+        self.extra_files
+            .iter()
+            .any(|f| f.ends_with("docker-compose.monitoring.yaml"))
     }
 
     fn compose_cmd(&self, args: &[&str]) -> Command {
@@ -826,18 +859,85 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
 /// restart policy does after a crash) brings all three nodes back at the
 /// default TTL of 60 s without waiting it out: the restarted head finds its
 /// own previous record with nothing listening and claims at once (R-HEAD-5).
+///
+/// The cluster is monitored (docker-compose.monitoring.yaml): Prometheus
+/// scrapes every agent and every Ray node (Ray's service-discovery file on
+/// the head) before the fault, and after it its HTTP API shows the fault
+/// in real values: every agent on the next head generation, the restarted
+/// head's takeover counted as `own_previous_life`, the workers' Ray started
+/// again, every node's new Ray session scraped, and the
+/// ArgusHeadGenerationChanged alert firing.
 #[test]
 fn compose_head_container_kill_and_start_brings_all_nodes_back() {
     elapsed_since_start();
     require_docker();
     build_images(false);
-    let c = Cluster::up(&[("ARGUS_TTL_S", "60"), ("ARGUS_REFRESH_S", "10")]);
+    build_prometheus_image();
+    let c = Cluster::up_with(
+        &[("ARGUS_TTL_S", "60"), ("ARGUS_REFRESH_S", "10")],
+        &["docker-compose.monitoring.yaml"],
+    );
     let before = ids(
         &c.wait_nodes("three nodes alive", Duration::from_secs(240), |n| {
             n.len() == 3
         }),
     );
     let ips: Vec<String> = SERVICES.iter().map(|s| c.ip(s)).collect();
+    let prom_wait = Duration::from_secs(180);
+    c.wait_prom(
+        "Prometheus scrapes all 3 agents",
+        r#"up{job="argus-agent"} == 1"#,
+        prom_wait,
+        |r| {
+            SERVICES
+                .iter()
+                .all(|s| r.iter().any(|x| x.label("instance") == *s))
+        },
+    );
+    let ray_up = |r: &[PromSample]| {
+        ips.iter().all(|ip| {
+            r.iter().any(|x| {
+                x.label("instance").starts_with(&format!("{ip}:"))
+                    && !x.label("instance").ends_with(":44217")
+                    && !x.label("instance").ends_with(":44227")
+            })
+        })
+    };
+    let targets = c.wait_prom(
+        "Prometheus scrapes every Ray node (Ray's service-discovery file)",
+        r#"up{job="ray"} == 1"#,
+        prom_wait,
+        ray_up,
+    );
+    log(&format!(
+        "Ray targets up: {}",
+        targets
+            .iter()
+            .map(|x| x.label("instance"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    // Ray's own per-node metric, to tell this Ray session from the next.
+    let sessions = c.wait_prom(
+        "every Ray node's metrics in Prometheus",
+        "ray_node_cpu_utilization",
+        prom_wait,
+        |r| ips.iter().all(|ip| r.iter().any(|x| x.label("ip") == ip)),
+    );
+    let old_session = sessions[0].label("SessionName").to_string();
+    let generation = c.wait_prom(
+        "the head's generation in Prometheus",
+        r#"argus_head_generation{instance="head"}"#,
+        prom_wait,
+        |r| r.len() == 1 && r[0].value.is_finite(),
+    )[0]
+    .value;
+    let worker_starts = c.prom_query(r#"argus_ray_starts_total{instance=~"worker-.*"}"#);
+    assert_eq!(
+        worker_starts.len(),
+        2,
+        "the workers' Ray starts: {worker_starts:?}"
+    );
     let head = c.container("head");
     let claims = |logs: &str| -> Vec<String> {
         logs.lines()
@@ -848,6 +948,11 @@ fn compose_head_container_kill_and_start_brings_all_nodes_back() {
     let claims_before = claims(&container_logs(&head)).len();
     log("fault: docker kill + docker start of the head container");
     let t = Instant::now();
+    // Prometheus' sample times are this host's clock (the container's).
+    let killed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
     run(Command::new("docker").args(["kill", &head]));
     run(Command::new("docker").args(["start", &head]));
     // Every container has a new Ray node: a count of 3 alone could include
@@ -873,6 +978,221 @@ fn compose_head_container_kill_and_start_brings_all_nodes_back() {
         "the restarted head did not claim on its own previous life; claims in its log:\n{}",
         after.join("\n")
     );
+
+    // The same fault as Prometheus saw it (times from the kill).
+    let next = generation + 1.0;
+    c.wait_prom(
+        &format!("every agent on head generation {next} in Prometheus"),
+        "argus_head_generation",
+        prom_wait,
+        |r| {
+            r.len() == 3
+                && SERVICES.iter().all(|s| {
+                    r.iter()
+                        .any(|x| x.label("instance") == *s && x.value == next)
+                })
+        },
+    );
+    log(&format!(
+        "Prometheus: generation {generation} -> {next} on all 3 agents {:.1}s after the kill",
+        t.elapsed().as_secs_f64()
+    ));
+    c.wait_prom(
+        "the restarted head's takeover counted as own_previous_life",
+        r#"argus_head_takeovers_total{instance="head", rule="own_previous_life"}"#,
+        prom_wait,
+        |r| r.len() == 1 && r[0].value == 1.0,
+    );
+    c.wait_prom(
+        "both workers' Ray started again",
+        r#"argus_ray_starts_total{instance=~"worker-.*"}"#,
+        prom_wait,
+        |r| {
+            worker_starts.iter().all(|w| {
+                r.iter()
+                    .any(|x| x.label("instance") == w.label("instance") && x.value > w.value)
+            })
+        },
+    );
+    c.wait_prom(
+        "every node's new Ray session scraped",
+        &format!(r#"ray_node_cpu_utilization{{SessionName!="{old_session}"}}"#),
+        prom_wait,
+        |r| ips.iter().all(|ip| r.iter().any(|x| x.label("ip") == ip)),
+    );
+    c.wait_prom(
+        "every Ray node's target up again",
+        r#"up{job="ray"} == 1"#,
+        prom_wait,
+        ray_up,
+    );
+    let alert = c.wait_alert("ArgusHeadGenerationChanged", prom_wait);
+    log(&format!(
+        "Prometheus: ArgusHeadGenerationChanged firing {:.1}s after the kill: {alert}",
+        t.elapsed().as_secs_f64()
+    ));
+    assert_eq!(alert["labels"]["cluster"], "argus-ray", "{alert}");
+    // When Prometheus first had each value (scrapes and rule evaluations
+    // every 5 s), from its own sample times.
+    let first_seen = |q: &str| {
+        c.prom_query(&format!("max(min_over_time(timestamp({q})[15m:1s]))"))
+            .first()
+            .map_or(f64::NAN, |x| x.value - killed_at)
+    };
+    log(&format!(
+        "Prometheus first saw, after the kill: the takeover {:.1}s, generation {next} on all 3 agents {:.1}s, \
+         both workers' new Ray runs {:.1}s, ArgusHeadGenerationChanged firing {:.1}s",
+        first_seen(r#"argus_head_takeovers_total{instance="head", rule="own_previous_life"} == 1"#),
+        first_seen(&format!("argus_head_generation == {next}")),
+        first_seen(&format!(
+            r#"argus_ray_starts_total{{instance=~"worker-.*"}} > {}"#,
+            worker_starts.iter().map(|w| w.value).fold(0.0, f64::max)
+        )),
+        first_seen(r#"ALERTS{alertname="ArgusHeadGenerationChanged", alertstate="firing"}"#),
+    ));
+    let rejoins = c.prom_query("sum by (instance) (argus_worker_rejoins_total)");
+    log(&format!(
+        "worker rejoins counted (a worker whose Ray exited first joins without one): {}",
+        rejoins
+            .iter()
+            .map(|x| format!("{}={}", x.label("instance"), x.value))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+}
+
+/// One series of a Prometheus instant query: its labels and value.
+#[derive(Debug, Clone)]
+struct PromSample {
+    labels: serde_json::Map<String, Value>,
+    value: f64,
+}
+
+impl PromSample {
+    fn label(&self, name: &str) -> &str {
+        self.labels
+            .get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    }
+}
+
+/// Percent-encodes a query for a URL.
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Prometheus of a monitored cluster (docker-compose.monitoring.yaml),
+/// through its HTTP API on the published port.
+impl Cluster {
+    fn prometheus_port(&self) -> String {
+        self.env
+            .iter()
+            .find(|(k, _)| k == "ARGUS_PROMETHEUS_HOST_PORT")
+            .map(|(_, v)| v.clone())
+            .expect("ARGUS_PROMETHEUS_HOST_PORT in the cluster's environment")
+    }
+
+    /// GET `path` of the API; the `data` of a `success` answer.
+    fn prom_get(&self, path: &str) -> Result<Value, String> {
+        use std::io::{Read, Write};
+        let addr = format!("127.0.0.1:{}", self.prometheus_port());
+        let mut s = std::net::TcpStream::connect(&addr).map_err(|e| format!("{addr}: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|e| e.to_string())?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&raw);
+        let (_, body) = text
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| format!("no HTTP body: {text}"))?;
+        let v: Value = serde_json::from_str(body).map_err(|e| format!("{e}: {body}"))?;
+        if v["status"] != "success" {
+            return Err(format!("{path}: {v}"));
+        }
+        Ok(v["data"].clone())
+    }
+
+    /// An instant query's series, or an error text.
+    fn try_prom_query(&self, q: &str) -> Result<Vec<PromSample>, String> {
+        let data = self.prom_get(&format!("/api/v1/query?query={}", url_encode(q)))?;
+        Ok(data["result"]
+            .as_array()
+            .ok_or_else(|| format!("no result array: {data}"))?
+            .iter()
+            .map(|r| PromSample {
+                labels: r["metric"].as_object().cloned().unwrap_or_default(),
+                value: r["value"][1]
+                    .as_str()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(f64::NAN),
+            })
+            .collect())
+    }
+
+    fn prom_query(&self, q: &str) -> Vec<PromSample> {
+        self.try_prom_query(q)
+            .unwrap_or_else(|e| panic!("Prometheus query {q}: {e}"))
+    }
+
+    /// Waits until the query's series satisfy `ok`; returns them.
+    fn wait_prom(
+        &self,
+        what: &str,
+        q: &str,
+        timeout: Duration,
+        ok: impl Fn(&[PromSample]) -> bool,
+    ) -> Vec<PromSample> {
+        let start = Instant::now();
+        let mut last = String::new();
+        while start.elapsed() < timeout {
+            match self.try_prom_query(q) {
+                Ok(r) if ok(&r) => {
+                    log(&format!(
+                        "{what}: after {:.1}s",
+                        start.elapsed().as_secs_f64()
+                    ));
+                    return r;
+                }
+                Ok(r) => last = format!("{r:?}"),
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        self.dump_logs();
+        panic!("{what}: not reached within {timeout:?}; `{q}` last gave: {last}");
+    }
+
+    /// Waits until the alert `name` is firing; returns it.
+    fn wait_alert(&self, name: &str, timeout: Duration) -> Value {
+        let start = Instant::now();
+        let mut last = String::new();
+        while start.elapsed() < timeout {
+            match self.prom_get("/api/v1/alerts") {
+                Ok(d) => {
+                    let alerts = d["alerts"].as_array().cloned().unwrap_or_default();
+                    if let Some(a) = alerts
+                        .iter()
+                        .find(|a| a["labels"]["alertname"] == name && a["state"] == "firing")
+                    {
+                        return a.clone();
+                    }
+                    last = format!("{alerts:?}");
+                }
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        panic!("alert {name} not firing within {timeout:?}; alerts: {last}");
+    }
 }
 
 /// The container's output (the agent's log), stdout and stderr together.
