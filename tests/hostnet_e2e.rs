@@ -1,7 +1,9 @@
-//! The `docker run` path on host networking (issue 18): the Redis, head and
-//! worker command lines of docs/deploy.md, read from that page and run with
-//! plain `docker run` (no compose) on this machine's Docker Engine, both
-//! nodes with `--network host`, sharing one host folder as `/private`.
+//! The `docker run` path on host networking (issue 18): the Redis, head,
+//! worker and platform-worker command lines of docs/deploy.md, read from
+//! that page and run with plain `docker run` (no compose) on this machine's
+//! Docker Engine, every node with `--network host`, sharing one host folder
+//! as `/private`. The platform worker is the same worker with its settings
+//! as flags of `run` in the container's command (a platform's form).
 //!
 //! Checked: the worker joins; the dashboard answers on the head's address;
 //! a taken port is exit 78 naming its variable; a `container` and an
@@ -19,10 +21,14 @@
 //!   - the page's variables get this test's values ([`OneBox::vars`]):
 //!     images built here, a temporary shared folder and model cache, the
 //!     head's address 127.0.10.2 and a random Redis password;
-//!   - `-e ARGUS_NODE_IP=` 127.0.10.2 (head) / 127.0.10.3 (worker), added:
-//!     both nodes would otherwise pick the box's one default-route address;
-//!   - every `ARGUS_RAY_*` port and the Redis `--port` get a free port of
-//!     the box per node ([`Ports`]): both nodes share its ports;
+//!   - `-e ARGUS_NODE_IP=` 127.0.10.2 (head) / 127.0.10.3 (worker) /
+//!     127.0.10.4 (platform worker), added, and the platform worker's
+//!     `--node-ip <network>` flag replaced by 127.0.10.4: all nodes would
+//!     otherwise pick the box's one default-route address;
+//!   - every `ARGUS_RAY_*` port (as `-e` or as a `run` flag), the head's
+//!     `ARGUS_RAY_PORT` and `ARGUS_DASHBOARD_PORT`, and the Redis port
+//!     (`--port` and in `ARGUS_GCS_FT_REDIS`) get a free port of the box
+//!     per node ([`Ports`]): the nodes share its ports;
 //!   - `--name` and named volumes get this test's prefix (`argus-hostnet-`);
 //!   - `--gpus all` is dropped: no GPU here;
 //!   - `-e ARGUS_RAY_EXTRA_ARGS=--object-store-memory=100000000` is added:
@@ -876,6 +882,16 @@ fn docker_run_on_host_networking_joins_runs_engines_follows_the_head_and_stops_c
         (hs["node_ip"].as_str(), hs["state"].as_str()),
         (Some(HEAD_IP), Some("running")),
         "head status: {hs}"
+    );
+
+    // docs/deploy.md's first look on the head: `ray status` finds the
+    // cluster by itself (Ray's temp dir on the node's own volume).
+    let rs = output(Command::new("docker").args(["exec", "-u", "ray", &head, "ray", "status"]));
+    let rs_out = text(&rs.stdout);
+    assert!(
+        rs.status.success() && rs_out.contains("Active:"),
+        "ray status on the head: {rs_out}{}",
+        text(&rs.stderr)
     );
 
     // The dashboard on the head's address (dashboard-host 0.0.0.0, the host's netns).

@@ -4,7 +4,8 @@ Run it in the head:  docker exec -i <head> python - < docker/tools/ray_nodes.py
 Output: {"address": "ip:port", "alive": N, "nodes": [{"ip", "alive", "id",
 "resources"}...]}. The GCS is this container's own (its IP, ARGUS_RAY_PORT);
 the port is probed first so a missing GCS fails in seconds, not after Ray's
-connection timeout. Exit 1 with a one-line message on error.
+connection timeout. The IP is the one the agent chose (status.json), so the
+script works on host networking too. Exit 1 with a one-line message on error.
 """
 
 import json
@@ -13,8 +14,24 @@ import socket
 import sys
 
 
+def node_ip():
+    """The node IP the agent chose (its status file), else ARGUS_NODE_IP when
+    it is an address, else the host name's address. With --network host the
+    host name is the host's, which need not be the node IP."""
+    state = os.environ.get("ARGUS_STATE_DIR", "/run/argus")
+    try:
+        with open(os.path.join(state, "status.json")) as f:
+            return json.load(f)["node_ip"]
+    except (OSError, ValueError, KeyError):
+        pass
+    ip = os.environ.get("ARGUS_NODE_IP", "auto")
+    if ip != "auto" and "/" not in ip:
+        return ip
+    return socket.gethostbyname(socket.gethostname())
+
+
 def gcs_address():
-    ip = socket.gethostbyname(socket.gethostname())
+    ip = node_ip()
     port = int(os.environ.get("ARGUS_RAY_PORT", "6379"))
     socket.create_connection((ip, port), timeout=3).close()
     return f"{ip}:{port}"
