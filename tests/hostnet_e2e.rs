@@ -1115,6 +1115,66 @@ fn docker_run_on_host_networking_joins_runs_engines_follows_the_head_and_stops_c
         text(&out.stderr)
     );
 
+    // The head's upgrade path of docs/deploy.md: `docker stop`, `docker rm`,
+    // the head line again (a new container; the same image here). Measured
+    // and printed: whether the workers keep their Ray nodes through it.
+    let ids_before: Vec<String> = [&worker, &platform]
+        .iter()
+        .map(|c| status(c)["restarts"].to_string())
+        .collect();
+    let t = Instant::now();
+    docker(&["stop", &head]);
+    let stopped = t.elapsed();
+    let code = inspect(&head, "{{.State.ExitCode}}");
+    assert_eq!(code, "0", "the head exited {code} on docker stop");
+    assert!(
+        stopped < Duration::from_secs(10),
+        "docker stop took {stopped:?}"
+    );
+    docker(&["rm", &head]);
+    let out = bx.docker_run(&head_args);
+    assert!(out.status.success(), "docker run: {}", text(&out.stderr));
+    let nodes = wait_nodes(
+        &head,
+        &gcs,
+        "both workers alive on the new head container",
+        Duration::from_secs(300),
+        |n| {
+            [WORKER_IP, PLATFORM_IP]
+                .iter()
+                .all(|w| n.iter().any(|(_, ip)| ip == w))
+        },
+    );
+    let back = t.elapsed();
+    let record: Value =
+        serde_json::from_str(&docker(&["exec", &head, "argus-agent", "head", "--json"])).unwrap();
+    wait_for(
+        "both workers on the new head container's instance",
+        Duration::from_secs(120),
+        || {
+            let (s, p) = (status(&worker), status(&platform));
+            (s["head_instance_id"] == record["instance_id"]
+                && p["head_instance_id"] == record["instance_id"]
+                && s["state"] == "running"
+                && p["state"] == "running")
+                .then_some(())
+                .ok_or(format!("{s}\n{p}"))
+        },
+    );
+    let kept = [(WORKER_IP, &worker_node), (PLATFORM_IP, &platform_node)]
+        .iter()
+        .filter(|(ip, id)| nodes.iter().any(|(i, a)| a == ip && i == *id))
+        .count();
+    let ids_after: Vec<String> = [&worker, &platform]
+        .iter()
+        .map(|c| status(c)["restarts"].to_string())
+        .collect();
+    log(&format!(
+        "head upgrade path (docker stop {:.1}s exit 0, rm, docker run) -> both workers on the new head: {:.1}s; workers that kept their Ray node: {kept} of 2; Ray restarts {ids_before:?} -> {ids_after:?}",
+        stopped.as_secs_f64(),
+        back.as_secs_f64()
+    ));
+
     // docker stop of each node: exit 0 within 10 s, nothing left behind.
     let ids: Vec<String> = [&worker, &platform, &head]
         .iter()
