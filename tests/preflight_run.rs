@@ -103,12 +103,14 @@ fn failed_preflight_serves_its_verdict_as_metrics_until_stopped() {
         .to_string();
     node.set("ARGUS_METRICS_PORT", &port)
         .set("ARGUS_METRICS_LINGER_S", "120");
+    let err_path = node.path("agent.stderr");
     let mut child = node
         .command(&["run"])
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
         .spawn()
         .unwrap();
+    let agent_err = || std::fs::read_to_string(&err_path).unwrap_or_default();
     let t0 = std::time::Instant::now();
     let text = loop {
         let out = node.command(&["metrics"]).output().unwrap();
@@ -118,7 +120,8 @@ fn failed_preflight_serves_its_verdict_as_metrics_until_stopped() {
         }
         assert!(
             child.try_wait().unwrap().is_none(),
-            "the agent exited before its metrics were read"
+            "the agent exited before its metrics were read: {}",
+            agent_err()
         );
         assert!(t0.elapsed() < STOP_WITHIN, "no failed verdict in:\n{text}");
         std::thread::sleep(Duration::from_millis(50));
@@ -144,5 +147,5 @@ fn failed_preflight_serves_its_verdict_as_metrics_until_stopped() {
         std::thread::sleep(Duration::from_millis(20));
     };
     println!("exit after SIGTERM in {:.2} s", t1.elapsed().as_secs_f64());
-    assert_eq!(status.code(), Some(69));
+    assert_eq!(status.code(), Some(69), "{}", agent_err());
 }

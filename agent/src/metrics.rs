@@ -52,6 +52,9 @@ pub enum RayExitKind {
     Signal,
     /// It could not be started at all.
     StartFailed,
+    /// A Ray daemon the agent watches (raylet; the GCS on the head) died,
+    /// and the agent killed the rest of the node's Ray.
+    DaemonDied,
     /// The agent stopped it to start it again (head changed, fenced,
     /// zombie-worker guard, a Ray daemon died).
     StoppedByAgent,
@@ -63,6 +66,7 @@ impl RayExitKind {
         RayExitKind::Error,
         RayExitKind::Signal,
         RayExitKind::StartFailed,
+        RayExitKind::DaemonDied,
         RayExitKind::StoppedByAgent,
     ];
 
@@ -72,6 +76,7 @@ impl RayExitKind {
             RayExitKind::Error => "error",
             RayExitKind::Signal => "signal",
             RayExitKind::StartFailed => "start_failed",
+            RayExitKind::DaemonDied => "daemon_died",
             RayExitKind::StoppedByAgent => "stopped_by_agent",
         }
     }

@@ -40,6 +40,8 @@ pub(super) struct RayRun {
     pub(super) next_check: Instant,
     /// The agent is stopping it on purpose (not a failure).
     pub(super) stopping: bool,
+    /// A watched daemon (raylet, GCS) died and the agent killed the rest.
+    pub(super) daemon_died: bool,
     /// Once every watched daemon was seen: waits for their exit by pidfd,
     /// so the process tree is no longer scanned every second.
     pub(super) exit_watch: Option<ExitWatch>,
@@ -195,6 +197,7 @@ impl Node {
                     raylet_up: false,
                     next_check: started,
                     stopping: false,
+                    daemon_died: false,
                     exit_watch: None,
                     exit_watch_tried: false,
                 });
@@ -225,7 +228,8 @@ impl Node {
             debug!(run, %exit, "exit of a ray run already handled");
             return;
         };
-        let (pid, ran, on_purpose) = (r.pid, r.started.elapsed(), r.stopping);
+        let (pid, ran, on_purpose, daemon_died) =
+            (r.pid, r.started.elapsed(), r.stopping, r.daemon_died);
         let joined = r.target.clone();
         self.ray = None;
         // Ray's own children may outlive `ray start` (agents, idle workers).
@@ -237,6 +241,7 @@ impl Node {
         }
         warn!(pid, %exit, ran_s = ran.as_secs_f64(), swept, "ray exited unexpectedly");
         metrics::ray_exited(match exit {
+            _ if daemon_died => RayExitKind::DaemonDied,
             Exit::Code(0) => RayExitKind::Clean,
             Exit::Code(_) => RayExitKind::Error,
             Exit::Signal(_) => RayExitKind::Signal,
@@ -319,6 +324,7 @@ impl Node {
                 name,
                 pid, "ray daemon died; treating it as the node's death"
             );
+            r.daemon_died = true;
             let (rpid, run) = (r.pid, r.run);
             // Give `ray start` no chance to block on: kill the group.
             let _ = signal::killpg(Pid::from_raw(rpid as i32), Signal::SIGKILL);
