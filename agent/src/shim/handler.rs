@@ -68,8 +68,10 @@ pub fn serve(settings: &Path, init_log: impl FnOnce()) -> u8 {
     done.store(true, Ordering::SeqCst);
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
-    report::send(code);
     let _ = transport::send(&sock, &ToClient { code, error: None });
+    // After the answer: the broker reads the report once this process
+    // has exited, so it costs the client nothing.
+    report::send(code);
     code
 }
 
