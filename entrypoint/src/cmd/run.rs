@@ -134,11 +134,16 @@ pub fn run(flags: &Flags) -> Outcome {
     // Every signal also waits in the node's queue (forwarded to Ray).
     let events = node.events();
     let on_signal = stop.clone();
+    // A stop is delivered once it is requested, even when the node is gone
+    // by the time it would be queued: the request may itself have ended the
+    // run (a failed preflight's linger) and main is then exiting with its
+    // code, which "no receiver: exit 128+signal" must not replace.
     argus::supervise::reaper::route_signals(move |sig| {
-        if argus::supervise::reaper::is_stop(sig) {
+        let stop = argus::supervise::reaper::is_stop(sig);
+        if stop {
             on_signal.request();
         }
-        events.send(Event::Signal(sig)).is_ok()
+        events.send(Event::Signal(sig)).is_ok() || stop
     });
     let outcome = match argus::preflight::gate(&cfg, &stop) {
         Ok(o) => o,
