@@ -262,6 +262,15 @@ impl Metrics {
                 reason: r.to_string(),
             });
         }
+        // The shim's fixed sets too (not the histogram's: 16 buckets each).
+        for c in SHIM_COMMANDS.iter().chain(&["other"]) {
+            let _ = m.shim_calls.get_or_create(&CommandLabel {
+                command: c.to_string(),
+            });
+        }
+        for r in crate::shim::policy::REFUSAL_RULES.iter().chain(&["other"]) {
+            let _ = m.shim_refusals.get_or_create(&rule(r));
+        }
         for k in STORAGE_ERROR_KINDS {
             let _ = m.storage_errors.get_or_create(&kind(k));
         }
