@@ -118,7 +118,11 @@ if [ $build = 1 ]; then
   prebuilt=${ARGUS_PREBUILT:-$(command -v cargo >/dev/null && echo 1 || echo 0)}
   if [ "$prebuilt" = 1 ]; then
     log "building the agent (cargo build --release) alongside the base image"
-    step agent cargo build --release --locked -p argus-agent
+    # Ahead of the image builds for the CPU when allowed (root): it is the
+    # longest step, the images wait more on the disk and the network.
+    prio=()
+    if nice -n -5 true 2>/dev/null; then prio=(nice -n -5); fi
+    step agent "${prio[@]}" cargo build --release --locked -p argus-agent
   fi
   if [ -z "${ARGUS_BASE_IMAGE:-}" ]; then
     if docker image inspect "$official" >/dev/null 2>&1 \
