@@ -11,33 +11,21 @@ one scrape takes.
 
 Usage: scripts/bench-metrics.py [--before BIN] [--seconds 60] [--scrape 15]
 """
-import argparse, os, shutil, socket, subprocess, tempfile, time, urllib.request
+import argparse, importlib.util, os, shutil, subprocess, tempfile, time, urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AFTER = os.path.join(ROOT, "target/release/argus-agent")
-FAKE_RAY = os.path.join(ROOT, "tests/fixtures/fake-ray")
 
 
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+def _bench_node():
+    """scripts/bench-node.py, for its agent environment (fake ray)."""
+    spec = importlib.util.spec_from_file_location("bench_node", os.path.join(ROOT, "scripts/bench-node.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def env_for(tmp, name, role, ray_port, dash_port):
-    os.makedirs(os.path.join(tmp, "bin"), exist_ok=True)
-    for n in ("raylet", "gcs_server"):
-        dst = os.path.join(tmp, "bin", n)
-        if not os.path.exists(dst):
-            shutil.copy("/bin/sleep", dst)
-    return dict(
-        PATH=os.environ["PATH"], HOME=tmp, ARGUS_ROLE=role,
-        ARGUS_SHARED_ROOT=os.path.join(tmp, "shared"),
-        ARGUS_STATE_DIR=os.path.join(tmp, f"state-{name}"),
-        ARGUS_LOG_DIR=os.path.join(tmp, f"logs-{name}"),
-        ARGUS_RAY_BIN=FAKE_RAY, FAKE_RAY_LOG=os.path.join(tmp, f"ray-{name}.jsonl"),
-        FAKE_RAY_BINDIR=os.path.join(tmp, "bin"), ARGUS_NODE_IP="127.0.0.1",
-        RAY_TMPDIR=os.path.join(tmp, f"raytmp-{name}"),
-        ARGUS_PREFLIGHT="skip", ARGUS_DISABLE_PRESTART="1",
-        ARGUS_RAY_PORT=str(ray_port), ARGUS_DASHBOARD_PORT=str(dash_port))
+bench_node = _bench_node()
 
 
 def switches(pid):
@@ -68,13 +56,12 @@ def status(env):
 
 def run(binary, seconds, metrics, scrape_every):
     tmp = tempfile.mkdtemp(prefix="argus-bench-metrics-")
-    ray_port, dash_port = free_port(), free_port()
     procs, envs = {}, {}
     try:
         for name, role in (("head", "head"), ("worker", "worker")):
-            env = env_for(tmp, name, role, ray_port, dash_port)
+            env = bench_node.base_env(tmp, name, role)
             if metrics:
-                env["ARGUS_METRICS_PORT"] = str(free_port())
+                env["ARGUS_METRICS_PORT"] = str(bench_node.free_port())
             envs[name] = env
             procs[name] = subprocess.Popen([binary, "run"], env=env, stdout=subprocess.DEVNULL,
                                            stderr=subprocess.DEVNULL)
