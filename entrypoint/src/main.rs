@@ -77,6 +77,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // First thing, before anything is read: a root process of this binary
+    // (PID 1, and `healthcheck`/`status`/`metrics` that Docker and
+    // operators exec beside Ray) is not dumpable, so a root process in an
+    // engine container that shares this PID namespace cannot open its
+    // `/proc/<pid>/root` (SPEC R-SEC-4; docs/security.md). The kernel makes
+    // every exec'd process dumpable again, so each invocation does it.
+    if let Err(e) = argus::supervise::privs::make_non_dumpable_if_root() {
+        eprintln!("argus-agent: cannot make this root process non-dumpable: {e}");
+        return ExitCode::from(1);
+    }
     let argv: Vec<OsString> = std::env::args_os().collect();
     let invoked_as = argv
         .first()

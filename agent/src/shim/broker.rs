@@ -206,6 +206,36 @@ fn record(r: &report::Checked, took: Duration) {
     }
 }
 
+/// The folder the node image keeps the Docker socket in: root's alone
+/// (0700), so no other user, and no process with the socket's group that
+/// reaches this container's files through `/proc/<pid>/root`, can get to it.
+pub const SOCKET_FOLDER: &str = "/run/argus-docker";
+
+/// Why the Docker socket at `docker_host` (a `unix://` address, or the
+/// default) is not in a folder only root can enter (SPEC R-SEC-4), if it is
+/// not: the folder that really holds it (links resolved) must be root's and
+/// give its group and others no search (x) right. `None` when the socket is
+/// safe, is not a unix socket, or does not exist (then nothing can reach it).
+pub fn socket_folder_problem(docker_host: Option<&str>) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let path = match docker_host {
+        Some(h) => h.strip_prefix("unix://")?.to_string(),
+        None => "/var/run/docker.sock".into(),
+    };
+    let real = std::fs::canonicalize(&path).ok()?;
+    let folder = real.parent()?;
+    let meta = std::fs::metadata(folder).ok()?;
+    if meta.uid() == 0 && meta.mode() & 0o011 == 0 {
+        return None;
+    }
+    Some(format!(
+        "the Docker socket {path} is in {} (owner {}, mode {:o}), which other users can enter: a process with the socket's group could reach it through /proc/<pid>/root; mount the socket at {SOCKET_FOLDER}/docker.sock (the node image's root-only folder) and set DOCKER_HOST=unix://{SOCKET_FOLDER}/docker.sock",
+        folder.display(),
+        meta.uid(),
+        meta.mode() & 0o7777
+    ))
+}
+
 /// Returns the warnings about this node's Docker socket: the agent cannot
 /// open it, or Ray's user can (then any Ray task is root on the host).
 pub fn socket_warnings(docker_host: Option<&str>, ray_uid: u32, ray_gid: u32) -> Vec<String> {
@@ -239,4 +269,57 @@ pub fn socket_warnings(docker_host: Option<&str>, ray_uid: u32, ray_gid: u32) ->
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::net::UnixListener;
+
+    /// The rule (SPEC R-SEC-4): the socket's real folder is root's and no
+    /// one else may search it; a link to the socket from a safe folder does
+    /// not make an unsafe socket safe.
+    #[test]
+    fn socket_folder_must_be_roots_alone_after_links() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "needs root to own and chown the folders (CI runs as root)"
+        );
+        let top = tempfile::tempdir().unwrap();
+        let folder = top.path().join("sock");
+        std::fs::create_dir(&folder).unwrap();
+        let sock = folder.join("docker.sock");
+        let _l = UnixListener::bind(&sock).unwrap();
+        let host = format!("unix://{}", sock.display());
+        for (mode, safe) in [
+            (0o700, true),
+            (0o755, false),
+            (0o710, false),
+            (0o701, false),
+            (0o744, true),
+        ] {
+            std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(
+                socket_folder_problem(Some(&host)).is_none(),
+                safe,
+                "mode {mode:o}"
+            );
+        }
+        // A link in a root-only folder to the socket in an open one.
+        std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let safe = top.path().join("safe");
+        std::fs::create_dir(&safe).unwrap();
+        std::fs::set_permissions(&safe, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(&sock, safe.join("docker.sock")).unwrap();
+        let via_link = format!("unix://{}/docker.sock", safe.display());
+        assert!(socket_folder_problem(Some(&via_link)).is_some());
+        // A folder of another owner, even 0700, is not root's alone.
+        std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o700)).unwrap();
+        nix::unistd::chown(&folder, Some(nix::unistd::Uid::from_raw(1000)), None).unwrap();
+        assert!(socket_folder_problem(Some(&host)).is_some());
+        // Not a unix socket, or missing: nothing to say here.
+        assert!(socket_folder_problem(Some("tcp://127.0.0.1:2375")).is_none());
+        assert!(socket_folder_problem(Some("unix:///nonexistent/docker.sock")).is_none());
+    }
 }

@@ -131,6 +131,16 @@ pub fn make_non_dumpable() -> io::Result<()> {
     Ok(())
 }
 
+/// Makes this process non-dumpable when it runs as root (euid 0); a
+/// process of another user is left as it is (its own user's tools, such as
+/// Ray's, may read its `/proc` files).
+pub fn make_non_dumpable_if_root() -> io::Result<()> {
+    if nix::unistd::geteuid().is_root() {
+        make_non_dumpable()?;
+    }
+    Ok(())
+}
+
 /// What a user may do with a unix socket file, judged from its owner, group
 /// and mode (the kernel's rule for `connect`: write permission).
 pub fn can_connect(meta: &std::fs::Metadata, uid: u32, gids: &[u32]) -> bool {
