@@ -1,0 +1,123 @@
+//! Trust boundaries on this machine, from the attacker's side (SPEC §9b,
+//! docs/security.md), for the rules that need no cluster:
+//!
+//! - R-SEC-4: a root process of argus-agent that a job can see (Docker's
+//!   `healthcheck`, an operator's `status`) is not dumpable, so a root
+//!   process WITHOUT `CAP_SYS_PTRACE` (a root engine container has Docker's
+//!   default capabilities, which lack it) cannot open its `/proc/<pid>/root`
+//!   and reach the files of the node container (the Docker socket) through
+//!   it. Checked on the effect: the prober's listing of `/proc/<pid>/root/`,
+//!   with a control that the same prober does list it for a dumpable root
+//!   process.
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_argus-agent");
+
+/// The capabilities of root in a Docker container, as far as this test
+/// needs them: everything but CAP_SYS_PTRACE (Docker's default set lacks
+/// it). Both the target and the prober run so, as in a node container and
+/// a root engine container beside it (the kernel lets a process without
+/// CAP_SYS_PTRACE reach another of its uid only when it holds every
+/// capability the other holds, and the other is dumpable).
+fn as_docker_root() -> Command {
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--inh-caps=-all",
+        "--ambient-caps=-all",
+        "--bounding-set=-sys_ptrace",
+        "--",
+    ]);
+    c
+}
+
+/// Runs `ls /proc/<pid>/root/` as root without CAP_SYS_PTRACE; returns
+/// whether it listed the folder.
+fn root_without_ptrace_opens(pid: u32) -> bool {
+    let probe = |what: &str| -> bool {
+        let o = as_docker_root()
+            .args(["sh", "-c", what])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("setpriv (util-linux)");
+        o.success()
+    };
+    probe(&format!("ls /proc/{pid}/root/ >/dev/null"))
+}
+
+/// Starts `argus-agent ARGS` as root, held in its read of a FIFO that stands
+/// for its state file, and waits until it blocks there.
+fn blocked_agent(state: &Path, args: &[&str]) -> std::process::Child {
+    let child = as_docker_root()
+        .arg(BIN)
+        .args(args)
+        .env("ARGUS_STATE_DIR", state)
+        .env("ARGUS_ROLE", "worker")
+        .env("ARGUS_SHARED_ROOT", state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    // Blocked in open(2) of the FIFO: its wchan names the pipe wait.
+    loop {
+        let wchan =
+            std::fs::read_to_string(format!("/proc/{}/wchan", child.id())).unwrap_or_default();
+        if wchan.contains("fifo") || wchan.contains("pipe") || wchan == "wait_for_partner" {
+            return child;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "argus-agent {args:?} never blocked on the state FIFO (wchan {wchan:?})"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn root_argus_agent_processes_are_not_dumpable() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (CI runs as root): it compares root processes"
+    );
+    // Control: a dumpable root process (sleep) IS open to the prober, so
+    // the probe can fail.
+    let mut control = as_docker_root().args(["sleep", "60"]).spawn().unwrap();
+    // Past setpriv's exec (before it, the process still holds
+    // CAP_SYS_PTRACE, and a prober without it is refused for that reason).
+    let start = Instant::now();
+    while std::fs::read_to_string(format!("/proc/{}/comm", control.id()))
+        .is_ok_and(|c| c.trim() != "sleep")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "sleep never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let opened = root_without_ptrace_opens(control.id());
+    let _ = control.kill();
+    let _ = control.wait();
+    assert!(
+        opened,
+        "control: root without CAP_SYS_PTRACE could not list a dumpable root process's /proc/<pid>/root, so this test could never fail"
+    );
+    for args in [&["status"][..], &["status", "--json"], &["healthcheck"]] {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("status.json");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+        let mut agent = blocked_agent(dir.path(), args);
+        let opened = root_without_ptrace_opens(agent.id());
+        let _ = agent.kill();
+        let _ = agent.wait();
+        assert!(
+            !opened,
+            "argus-agent {args:?} (root) is dumpable: a root process without CAP_SYS_PTRACE listed its /proc/<pid>/root"
+        );
+    }
+}
