@@ -52,7 +52,7 @@ fn root_without_ptrace_opens(pid: u32) -> bool {
 /// Starts `argus-agent ARGS` as root, held in its read of a FIFO that stands
 /// for its state file, and waits until it blocks there.
 fn blocked_agent(state: &Path, args: &[&str]) -> std::process::Child {
-    let child = as_docker_root()
+    let mut child = as_docker_root()
         .arg(BIN)
         .args(args)
         .env("ARGUS_STATE_DIR", state)
@@ -70,10 +70,11 @@ fn blocked_agent(state: &Path, args: &[&str]) -> std::process::Child {
         if wchan.contains("fifo") || wchan.contains("pipe") || wchan == "wait_for_partner" {
             return child;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "argus-agent {args:?} never blocked on the state FIFO (wchan {wchan:?})"
-        );
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("argus-agent {args:?} never blocked on the state FIFO (wchan {wchan:?})");
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
