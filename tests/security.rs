@@ -49,10 +49,20 @@ fn root_without_ptrace_opens(pid: u32) -> bool {
     probe(&format!("ls /proc/{pid}/root/ >/dev/null"))
 }
 
+/// A child process killed and reaped when dropped.
+struct Held(std::process::Child);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `argus-agent ARGS` as root, held in its read of a FIFO that stands
 /// for its state file, and waits until it blocks there.
-fn blocked_agent(state: &Path, args: &[&str]) -> std::process::Child {
-    let mut child = as_docker_root()
+fn blocked_agent(state: &Path, args: &[&str]) -> Held {
+    let child = as_docker_root()
         .arg(BIN)
         .args(args)
         .env("ARGUS_STATE_DIR", state)
@@ -61,18 +71,17 @@ fn blocked_agent(state: &Path, args: &[&str]) -> std::process::Child {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
+        .map(Held)
         .unwrap();
     let start = Instant::now();
     // Blocked in open(2) of the FIFO: its wchan names the pipe wait.
     loop {
         let wchan =
-            std::fs::read_to_string(format!("/proc/{}/wchan", child.id())).unwrap_or_default();
+            std::fs::read_to_string(format!("/proc/{}/wchan", child.0.id())).unwrap_or_default();
         if wchan.contains("fifo") || wchan.contains("pipe") || wchan == "wait_for_partner" {
             return child;
         }
         if start.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            let _ = child.wait();
             panic!("argus-agent {args:?} never blocked on the state FIFO (wchan {wchan:?})");
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -87,11 +96,15 @@ fn root_argus_agent_processes_are_not_dumpable() {
     );
     // Control: a dumpable root process (sleep) IS open to the prober, so
     // the probe can fail.
-    let mut control = as_docker_root().args(["sleep", "60"]).spawn().unwrap();
+    let control = as_docker_root()
+        .args(["sleep", "60"])
+        .spawn()
+        .map(Held)
+        .unwrap();
     // Past setpriv's exec (before it, the process still holds
     // CAP_SYS_PTRACE, and a prober without it is refused for that reason).
     let start = Instant::now();
-    while std::fs::read_to_string(format!("/proc/{}/comm", control.id()))
+    while std::fs::read_to_string(format!("/proc/{}/comm", control.0.id()))
         .is_ok_and(|c| c.trim() != "sleep")
     {
         assert!(
@@ -100,9 +113,8 @@ fn root_argus_agent_processes_are_not_dumpable() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let opened = root_without_ptrace_opens(control.id());
-    let _ = control.kill();
-    let _ = control.wait();
+    let opened = root_without_ptrace_opens(control.0.id());
+    drop(control);
     assert!(
         opened,
         "control: root without CAP_SYS_PTRACE could not list a dumpable root process's /proc/<pid>/root, so this test could never fail"
@@ -112,10 +124,9 @@ fn root_argus_agent_processes_are_not_dumpable() {
         let fifo = dir.path().join("status.json");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
-        let mut agent = blocked_agent(dir.path(), args);
-        let opened = root_without_ptrace_opens(agent.id());
-        let _ = agent.kill();
-        let _ = agent.wait();
+        let agent = blocked_agent(dir.path(), args);
+        let opened = root_without_ptrace_opens(agent.0.id());
+        drop(agent);
         assert!(
             !opened,
             "argus-agent {args:?} (root) is dumpable: a root process without CAP_SYS_PTRACE listed its /proc/<pid>/root"
