@@ -2059,3 +2059,390 @@ fn serve_replicas_answer_after_head_failover_and_are_reaped_after_delete_and_shu
         }
     }
 }
+
+/// Runs `podman ARGS` in `container` as the Ray user (the identity of every
+/// Ray task there), through the node agent's broker.
+fn podman_as_ray(container: &str, args: &[&str]) -> Output {
+    let mut a = vec!["exec", "-u", "ray", container, "podman"];
+    a.extend_from_slice(args);
+    output(Command::new("docker").args(&a))
+}
+
+/// Builds the attacker's engine image (issue 26, road 1): the engine image
+/// plus, in its /etc/group, a group with the host's Docker socket gid that
+/// the Ray user (uid 1000) belongs to, and the attack program. Returns the
+/// image and that group's name in it.
+fn build_attack_image(socket_gid: u32) -> (String, String) {
+    let img = format!("localhost/argus-e2e-attack:{}", e2e_version());
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ctx.path().join("reach_docker.py"),
+        include_str!("fixtures/attack/reach_docker.py"),
+    )
+    .unwrap();
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        format!(
+            "FROM {base}\nUSER root\nRUN g=$(getent group {socket_gid} | cut -d: -f1); \
+             if [ -z \"$g\" ]; then groupadd -g {socket_gid} dockerhost; g=dockerhost; fi; \
+             usermod -aG \"$g\" $(getent passwd 1000 | cut -d: -f1); echo \"$g\" > /attack-group\n\
+             COPY reach_docker.py /attack/reach_docker.py\n",
+            base = engine_image("stub-a")
+        ),
+    )
+    .unwrap();
+    run(Command::new("docker")
+        .args(["build", "-q", "-t", &img])
+        .arg(ctx.path()));
+    let group = run(Command::new("docker").args(["run", "--rm", &img, "cat", "/attack-group"]));
+    (img, group.trim().to_string())
+}
+
+/// Containers of `image` on the host (any state).
+fn containers_of(image: &str) -> Vec<String> {
+    run(Command::new("docker").args(["ps", "-aq", "--filter", &format!("ancestor={image}")]))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The last line of `o`'s stdout as JSON, or None.
+fn last_json(o: &Output) -> Option<Value> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+}
+
+/// Issue 26 (SPEC §9b, docs/security.md), tried as the Ray user on a worker
+/// of the compose cluster, every road checked on its effect:
+/// - road 1: engine containers asked for the Docker socket's group by every
+///   spelling (leading zeros, a name, a bare `--user 1000` whose image puts
+///   uid 1000 in that group, keep-id) run with no such group, and reach no
+///   daemon through `/proc/<pid>/root` of the Ray container's processes;
+/// - road 4: a root engine container in the Ray container's PID namespace
+///   (ARGUS_SHIM_ALLOWED_USERS=0, which the docs offer) does not start;
+/// - road 3: a foreign container (the head's), by ID prefix, upper case, full
+///   ID or name, is neither stopped, removed, read nor joined, and a
+///   container NAMED like its ID prefix cannot be made;
+/// - road 2 and hole 5: every folder and file the agents write as root, or
+///   on /private, is renamed away and replaced by links to root-owned
+///   canaries where the Ray user can, then the nodes restart: the canaries
+///   are unchanged, forged epochs do not move the head, and the cluster
+///   comes back.
+#[test]
+fn compose_a_ray_user_on_a_worker_reaches_neither_the_docker_api_nor_root() {
+    use std::os::unix::fs::MetadataExt;
+    elapsed_since_start();
+    require_docker();
+    build_images(true);
+    let socket_gid = std::fs::metadata("/var/run/docker.sock").unwrap().gid();
+    let (img, group) = build_attack_image(socket_gid);
+    log(&format!(
+        "attack image {img}: group {group} = gid {socket_gid} holds uid 1000"
+    ));
+    let c = Cluster::up(&[("ARGUS_SHIM_ALLOWED_USERS", "0")]);
+    c.wait_nodes("cluster up", Duration::from_secs(600), |n| n.len() == 3);
+    let worker = c.container("worker-1");
+    let head = c.container("head");
+    let before = containers_of(&img);
+
+    // Road 1: the socket's group by any spelling, and the image's groups.
+    let g = socket_gid.to_string();
+    let probe = "python -c 'import os, json; print(json.dumps({\"uid\": os.getuid(), \"gid\": os.getgid(), \"groups\": os.getgroups()}))'; python /attack/reach_docker.py";
+    let mut variants: Vec<Vec<String>> = Vec::new();
+    for spelled in [
+        g.clone(),
+        format!("0{g}"),
+        format!("00{g}"),
+        format!("+{g}"),
+        group.clone(),
+        "0".into(),
+        "00".into(),
+        "root".into(),
+    ] {
+        variants.push(vec!["--group-add".into(), spelled.clone()]);
+        variants.push(vec!["--user".into(), format!("1000:{spelled}")]);
+        variants.push(vec![format!("--userns=keep-id:gid={spelled}")]);
+    }
+    variants.push(vec!["--user".into(), "1000".into()]);
+    variants.push(vec!["--user".into(), "ray".into()]);
+    variants.push(vec![]);
+    let mut ran = 0;
+    for v in &variants {
+        let mut args: Vec<&str> = vec!["run", "--rm", "--pid=host"];
+        args.extend(v.iter().map(String::as_str));
+        args.extend([img.as_str(), "sh", "-c", probe]);
+        let o = podman_as_ray(&worker, &args);
+        let code = o.status.code();
+        if code == Some(125) {
+            log(&format!(
+                "road 1 {v:?}: refused: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+            continue;
+        }
+        let out = String::from_utf8_lossy(&o.stdout);
+        let ids: Value = out
+            .lines()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "road 1 {v:?}: no identity line (exit {code:?}): {out} {}",
+                    String::from_utf8_lossy(&o.stderr)
+                )
+            });
+        let attack = last_json(&o).unwrap();
+        log(&format!("road 1 {v:?}: ran as {ids}; attack {attack}"));
+        let groups: Vec<u64> = ids["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect();
+        assert!(
+            !groups.contains(&u64::from(socket_gid)) && ids["gid"] != socket_gid,
+            "road 1 {v:?}: the engine container runs with the Docker socket's group: {ids}"
+        );
+        assert!(
+            !groups.contains(&0) && ids["gid"] != 0,
+            "road 1 {v:?}: root group: {ids}"
+        );
+        assert_eq!(
+            attack["answers"],
+            serde_json::json!([]),
+            "road 1 {v:?}: reached the daemon: {attack}"
+        );
+        assert!(attack["tried"].as_u64().unwrap() >= 10, "{attack}");
+        ran += 1;
+    }
+    assert!(ran >= 1, "road 1: every variant was refused, so the probe never ran: the control (no flags) must run");
+
+    // Road 4: root in the Ray container's PID namespace, while root
+    // processes of the agent (healthcheck) come and go beside it.
+    let control = podman_as_ray(&worker, &["run", "--rm", "-u", "0", &img, "id", "-u"]);
+    assert_eq!(
+        String::from_utf8_lossy(&control.stdout).trim(),
+        "0",
+        "control: ARGUS_SHIM_ALLOWED_USERS=0 lets a root engine run (else road 4 could not be tried): {}",
+        String::from_utf8_lossy(&control.stderr)
+    );
+    let root_probe = "for i in $(seq 1 40); do for p in /proc/[0-9]*; do ls $p/root/run/argus-docker/ >/dev/null 2>&1 && echo REACHED $p; done; sleep 0.25; done; echo done";
+    let hc = {
+        let w = worker.clone();
+        std::thread::spawn(move || {
+            for _ in 0..20 {
+                let _ =
+                    output(Command::new("docker").args(["exec", &w, "argus-agent", "healthcheck"]));
+            }
+        })
+    };
+    for u in ["0", "00", "0:0", "root", "0000:00"] {
+        for pid in [
+            "--pid=host".to_string(),
+            format!("--pid=container:{worker}"),
+        ] {
+            let o = podman_as_ray(
+                &worker,
+                &["run", "--rm", "-u", u, &pid, &img, "sh", "-c", root_probe],
+            );
+            let out = String::from_utf8_lossy(&o.stdout);
+            log(&format!(
+                "road 4 -u {u} {pid}: exit {:?} {}",
+                o.status.code(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+            assert!(
+                !out.contains("REACHED"),
+                "road 4 -u {u} {pid}: a root engine reached the node's socket folder: {out}"
+            );
+            assert_eq!(o.status.code(), Some(125), "road 4 -u {u} {pid}: a root engine ran in the Ray container's PID namespace: {out}");
+        }
+    }
+    hc.join().unwrap();
+
+    // Road 3: the head's container is foreign to worker-1's shim.
+    let head_id = inspect(&head, "{{.Id}}");
+    let head_name = inspect(&head, "{{.Name}}")
+        .trim_start_matches('/')
+        .to_string();
+    let mut refs: Vec<String> = [1usize, 4, 12, 20, 64]
+        .iter()
+        .map(|n| head_id[..*n].to_string())
+        .collect();
+    refs.push(head_id[..12].to_ascii_uppercase());
+    refs.push(head_name.clone());
+    // A container named like the head's ID prefix (the two-resolution race
+    // needs one): never made.
+    let o = podman_as_ray(
+        &worker,
+        &["run", "-d", "--name", &head_id[..12], &img, "sleep", "300"],
+    );
+    let named = run(Command::new("docker").args([
+        "ps",
+        "-aq",
+        "--filter",
+        &format!("name=^/{}$", &head_id[..12]),
+    ]));
+    assert!(
+        named.trim().is_empty(),
+        "road 3: the job made a container named like the head's ID prefix ({}): {}",
+        &head_id[..12],
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for r in &refs {
+        for cmd in [vec!["inspect", r.as_str()], vec!["logs", r.as_str()]] {
+            let o = podman_as_ray(&worker, &cmd);
+            assert!(
+                !String::from_utf8_lossy(&o.stdout).contains(&head_id[..12]),
+                "road 3: podman {cmd:?} showed the head container"
+            );
+        }
+        for ns in ["--network", "--pid", "--ipc"] {
+            let flag = format!("{ns}=container:{r}");
+            // The head's GCS listens on 6379 (0x18EB) in its network
+            // namespace; gcs_server runs in its PID namespace.
+            let o = podman_as_ray(
+                &worker,
+                &[
+                    "run",
+                    "--rm",
+                    &flag,
+                    &img,
+                    "sh",
+                    "-c",
+                    "cat /proc/net/tcp; cat /proc/[0-9]*/comm",
+                ],
+            );
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                !out.contains(":18EB 00000000:0000 0A") && !out.contains("gcs_server"),
+                "road 3: {flag} joined the head's namespace: {out}"
+            );
+        }
+        for cmd in [
+            vec!["stop", "-t", "1", r.as_str()],
+            vec!["kill", r.as_str()],
+            vec!["rm", "-f", r.as_str()],
+        ] {
+            let _ = podman_as_ray(&worker, &cmd);
+            assert_eq!(
+                inspect(&head, "{{.State.Running}}"),
+                "true",
+                "road 3: podman {cmd:?} as the Ray user stopped or removed the head"
+            );
+        }
+    }
+    log(
+        "road 3: the head container was neither read, joined, stopped nor removed by any reference",
+    );
+
+    // Road 2 and hole 5: links in every folder the agents write.
+    let cluster = "argus-ray";
+    let canary = "canary-26\n";
+    for s in SERVICES {
+        let id = c.container(s);
+        run(Command::new("docker").args([
+            "exec", &id, "sh", "-c",
+            "printf 'canary-26\\n' > /etc/argus-canary && chmod 644 /etc/argus-canary && mkdir -p -m 700 /var/lib/argus-canary",
+        ]));
+    }
+    let plant = format!(
+        r#"
+import json, os
+done = []
+paths = ["/private", "/private/common", "/private/common/logs", "/private/common/logs/preflight",
+         "/private/ray", "/private/ray/discovery", "/private/ray/discovery/{cluster}",
+         "/private/ray/discovery/{cluster}/epochs", "/private/ray/discovery/{cluster}/.staging",
+         "/var/log/argus", "/var/log/argus/preflight", "/run/argus"]
+for p in sorted(paths, key=lambda p: -p.count("/")):
+    parent = os.path.dirname(p)
+    if not os.path.lexists(p) or not os.access(parent, os.W_OK | os.X_OK):
+        continue
+    try:
+        names = os.listdir(p) if os.path.isdir(p) else []
+        os.rename(p, p + ".taken")
+        os.mkdir(p, 0o777)
+        for n in names:
+            src = os.path.join(p + ".taken", n)
+            dst = "/var/lib/argus-canary" if os.path.isdir(src) else "/etc/argus-canary"
+            os.symlink(dst, os.path.join(p, n))
+        done.append(p)
+    except OSError as e:
+        done.append(p + ": " + type(e).__name__)
+forged = []
+ep = "/private/ray/discovery/{cluster}/epochs"
+for n in ["999999999", "18446744073709551615"]:
+    try:
+        open(os.path.join(ep, n), "w").write("forged")
+        forged.append(n)
+    except OSError as e:
+        pass
+print(json.dumps({{"taken": done, "forged": forged}}))
+"#
+    );
+    let gen_before = {
+        let s: Value = serde_json::from_str(&run(Command::new("docker").args([
+            "exec",
+            &head,
+            "argus-agent",
+            "status",
+            "--json",
+        ])))
+        .unwrap();
+        s["head_generation"].clone()
+    };
+    for s in ["worker-1", "head"] {
+        let o = with_stdin(
+            &["exec", "-u", "ray", "-i", &c.container(s), "python", "-"],
+            &plant,
+        );
+        log(&format!(
+            "road 2 on {s}: {}",
+            String::from_utf8_lossy(&o.stdout).trim()
+        ));
+    }
+    // The head must not step down over a forged epoch (it refreshes every
+    // 2 s here): look over a few refreshes, then restart every node so each
+    // reopens its logs.
+    std::thread::sleep(Duration::from_secs(8));
+    let s: Value = serde_json::from_str(&run(Command::new("docker").args([
+        "exec",
+        &head,
+        "argus-agent",
+        "status",
+        "--json",
+    ])))
+    .unwrap();
+    assert_eq!(
+        s["head_generation"], gen_before,
+        "hole 5: the head's generation moved after the Ray user's forgery: {s}"
+    );
+    assert_eq!(
+        s["state"], "running",
+        "hole 5: the head stepped down after the Ray user's forgery: {s}"
+    );
+    for svc in ["worker-1", "head"] {
+        run(Command::new("docker").args(["restart", "-t", "10", &c.container(svc)]));
+    }
+    c.wait_nodes("after the restarts", Duration::from_secs(600), |n| {
+        n.len() == 3
+    });
+    for svc in SERVICES {
+        let id = c.container(svc);
+        let got = run(Command::new("docker").args(["exec", &id, "cat", "/etc/argus-canary"]));
+        assert_eq!(
+            got, canary,
+            "road 2: root wrote through a link into {svc}'s /etc/argus-canary"
+        );
+        let dir =
+            run(Command::new("docker").args(["exec", &id, "ls", "-A", "/var/lib/argus-canary"]));
+        assert!(
+            dir.trim().is_empty(),
+            "road 2: root wrote into {svc}'s root-only /var/lib/argus-canary: {dir}"
+        );
+    }
+    let after = containers_of(&img);
+    assert_eq!(after, before, "engine containers left behind");
+    log("road 2: canaries unchanged on every node after the restarts; the cluster is back");
+}
