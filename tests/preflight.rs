@@ -499,3 +499,40 @@ fn unwritable_log_folder_does_not_change_the_verdict() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("failed to write preflight verdict"), "{err}");
 }
+
+/// SPEC R-SEC-2 (docs/security.md): the agent runs `nvidia-smi` as root,
+/// so it never takes one from a PATH folder the Ray user can change (the
+/// Ray base image puts such folders on PATH): an `nvidia-smi` planted
+/// there, first on PATH, is not run (its marker file never appears) and
+/// the real one in a root-owned folder further on is; with only the planted
+/// one, the check says nvidia-smi is missing, without running it.
+#[test]
+fn nvidia_smi_in_a_folder_others_can_write_is_never_run() {
+    let mut node = FakeNode::healthy(2);
+    let planted = node.path("user-bin");
+    std::fs::create_dir_all(&planted).unwrap();
+    let marker = node.path("planted-ran");
+    std::fs::write(
+        planted.join("nvidia-smi"),
+        format!("#!/bin/sh\ntouch {}\nexit 0\n", marker.display()),
+    )
+    .unwrap();
+    support::set_mode(&planted.join("nvidia-smi"), 0o755);
+    // Writable by everyone (no sticky bit): anyone can swap the program.
+    support::set_mode(&planted, 0o777);
+    let path = format!(
+        "{}:{}:/usr/bin:/bin",
+        planted.display(),
+        node.path("bin").display()
+    );
+    node.set("PATH", &path);
+    let (code, v, out) = node.preflight_json();
+    assert_eq!(code, 0, "{v:#}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(check(&v, "nvidia-smi")["status"], "pass", "{v:#}");
+    assert!(!marker.exists(), "the planted nvidia-smi ran");
+    // Only the planted one on PATH: missing, and still never run.
+    node.set("PATH", &format!("{}:/usr/bin:/bin", planted.display()));
+    let (c, v, out) = node.preflight_json();
+    assert_failed(c, &v, &out, 78, CONFIG, "nvidia-smi-not-found");
+    assert!(!marker.exists(), "the planted nvidia-smi ran");
+}

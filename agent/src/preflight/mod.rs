@@ -344,7 +344,9 @@ pub struct PreflightOptions {
     pub log_dir: PathBuf,
     /// Where the private `libcuda.so` symlink of the Triton fix is made.
     pub fix_dir: PathBuf,
-    /// The `nvidia-smi` program (looked up on PATH).
+    /// The `nvidia-smi` program: an absolute path found on PATH in a folder
+    /// only root can change ([`smi::locate`]), else the bare name (then the
+    /// check reports it missing).
     pub nvidia_smi: PathBuf,
     /// `NVIDIA_VISIBLE_DEVICES`.
     pub visible_devices: Option<String>,
@@ -372,7 +374,7 @@ impl PreflightOptions {
             timeout: pf.timeout,
             log_dir: log_dir.to_path_buf(),
             fix_dir: state_dir.join("libcuda"),
-            nvidia_smi: PathBuf::from("nvidia-smi"),
+            nvidia_smi: smi::locate(std::env::var_os("PATH").as_deref()),
             visible_devices: std::env::var("NVIDIA_VISIBLE_DEVICES").ok(),
             cuda_visible_devices: env("CUDA_VISIBLE_DEVICES"),
             triton_libcuda_path: env("TRITON_LIBCUDA_PATH").map(PathBuf::from),

@@ -22,6 +22,24 @@ pub const FIELDS: &str = "index,uuid,name,driver_version,memory.total,memory.use
 /// (exit 2, "is not a valid field to query").
 pub const BASIC_FIELDS: &str = "index,uuid,name,driver_version,memory.total,memory.used";
 
+/// Returns the absolute path of `nvidia-smi` in the first folder of `path`
+/// (a PATH value) that holds it and that no user but root (or this
+/// process's own user) can change, nor any folder above it (a sticky folder
+/// such as /tmp counts when what is below it is trusted). The agent runs it
+/// as root: a folder the Ray user can write (the Ray base image puts some on
+/// PATH) would let a job choose what root runs (SPEC R-SEC-2). Without one,
+/// the bare name, which [`run`] reports as not found without running it.
+pub fn locate(path: Option<&std::ffi::OsStr>) -> std::path::PathBuf {
+    let me = nix::unistd::geteuid().as_raw();
+    path.map(std::env::split_paths)
+        .into_iter()
+        .flatten()
+        .filter(|d| d.is_absolute())
+        .map(|d| d.join(NAME))
+        .find(|p| p.is_file() && crate::supervise::privs::only_trusted_can_change(p, me))
+        .unwrap_or_else(|| std::path::PathBuf::from(NAME))
+}
+
 /// The check and the GPUs it listed, if the query succeeded.
 #[derive(Debug, Clone)]
 pub struct SmiResult {
@@ -32,7 +50,15 @@ pub struct SmiResult {
 /// Runs the query with `program` and classifies the result.
 /// A stop request kills the query (the result is then meaningless).
 pub fn run(program: &Path, timeout: Duration, stop: &Stop) -> SmiResult {
-    let first = query(program, FIELDS, timeout, stop);
+    // Never a lookup on PATH here: [`locate`] chose the folder.
+    let first = if program.is_absolute() {
+        query(program, FIELDS, timeout, stop)
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "not in a folder on PATH that only root can change",
+        ))
+    };
     let (fields, out) = match &first {
         Ok(c) if c.exit == Some(Exit::Code(2)) && text(c).contains("not a valid field") => {
             (BASIC_FIELDS, query(program, BASIC_FIELDS, timeout, stop))
@@ -53,7 +79,7 @@ pub fn run(program: &Path, timeout: Duration, stop: &Stop) -> SmiResult {
                     NAME,
                     Class::Configuration,
                     "nvidia-smi-not-found",
-                    format!("{} is not on PATH: the container lacks the driver utilities (NVIDIA_DRIVER_CAPABILITIES without `utility`?)", program.display()),
+                    format!("{} is not on PATH in a folder only root can change: the container lacks the driver utilities (NVIDIA_DRIVER_CAPABILITIES without `utility`?)", program.display()),
                 )
             } else {
                 Check::fail(

@@ -141,6 +141,59 @@ pub fn make_non_dumpable_if_root() -> io::Result<()> {
     Ok(())
 }
 
+/// Returns true if and only if no user but root and `uid` can change what
+/// `path` names: the file and every folder above it are owned by root or
+/// `uid` and not writable by group or others, except a sticky folder (such
+/// as /tmp), where others cannot rename or remove what they do not own.
+/// Links are followed, and the folders of their targets checked too (the
+/// kernel follows them the same way when the path is opened or run).
+pub fn only_trusted_can_change(path: &std::path::Path, uid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(real) = std::fs::canonicalize(path) else {
+        return false;
+    };
+    let mut links = path.to_path_buf();
+    // Every link on the way is a name another user could have changed.
+    loop {
+        match std::fs::symlink_metadata(&links) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if !(m.uid() == 0 || m.uid() == uid) {
+                    return false;
+                }
+                let Some(parent) = links.parent() else { break };
+                if !only_trusted_can_change(parent, uid) {
+                    return false;
+                }
+                match std::fs::read_link(&links) {
+                    Ok(t) => links = parent.join(t),
+                    Err(_) => return false,
+                }
+            }
+            _ => break,
+        }
+    }
+    let chain: Vec<&std::path::Path> = real.ancestors().collect();
+    // From / down: each owned by root or `uid`; a folder others may write
+    // lets them rename what is in it, unless it is sticky (then only the
+    // entry's owner may, and that owner is checked next); the last one
+    // (the file) must not be writable by others at all.
+    let mut parent_open_unsticky = false;
+    for (i, p) in chain.iter().rev().enumerate() {
+        let Ok(m) = std::fs::metadata(p) else {
+            return false;
+        };
+        if parent_open_unsticky || !(m.uid() == 0 || m.uid() == uid) {
+            return false;
+        }
+        let open = m.mode() & 0o022 != 0;
+        if i + 1 == chain.len() && open {
+            return false;
+        }
+        parent_open_unsticky = open && m.mode() & 0o1000 == 0;
+    }
+    true
+}
+
 /// What a user may do with a unix socket file, judged from its owner, group
 /// and mode (the kernel's rule for `connect`: write permission).
 pub fn can_connect(meta: &std::fs::Metadata, uid: u32, gids: &[u32]) -> bool {
@@ -194,5 +247,71 @@ mod tests {
         assert!(!can_connect(&meta, 4242, &[4243]));
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).unwrap();
         assert!(can_connect(&std::fs::metadata(&f).unwrap(), 4242, &[]));
+    }
+}
+
+#[cfg(test)]
+mod trusted_tests {
+    use super::only_trusted_can_change;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &std::path::Path, m: u32) {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    }
+
+    /// The rule: no user but root and the caller can change the file or a
+    /// folder above it; links count as names on the way.
+    #[test]
+    fn only_folders_root_alone_can_change_are_trusted() {
+        let me = nix::unistd::geteuid().as_raw();
+        let other = 1000;
+        // Under /tmp (sticky, open): a folder of ours, 0755.
+        let top = tempfile::tempdir().unwrap();
+        let bin = top.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let exe = bin.join("nvidia-smi");
+        std::fs::write(&exe, "#!/bin/sh\n").unwrap();
+        mode(top.path(), 0o755);
+        mode(&bin, 0o755);
+        mode(&exe, 0o755);
+        assert!(only_trusted_can_change(&exe, me));
+        // Writable by others: the folder, then the file itself.
+        mode(&bin, 0o777);
+        assert!(!only_trusted_can_change(&exe, me));
+        mode(&bin, 0o775);
+        assert!(!only_trusted_can_change(&exe, me));
+        // A folder of another user (the Ray user's), however closed.
+        mode(&bin, 0o755);
+        if me == 0 {
+            nix::unistd::chown(&bin, Some(nix::unistd::Uid::from_raw(other)), None).unwrap();
+            assert!(!only_trusted_can_change(&exe, me), "owner not trusted");
+            nix::unistd::chown(&bin, Some(nix::unistd::Uid::from_raw(0)), None).unwrap();
+        }
+        mode(&exe, 0o757);
+        assert!(!only_trusted_can_change(&exe, me));
+        mode(&exe, 0o755);
+        // A folder above, open without sticky.
+        mode(top.path(), 0o777);
+        assert!(!only_trusted_can_change(&exe, me));
+        mode(top.path(), 0o755);
+        // A link from a trusted folder into an untrusted one.
+        let open = top.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        mode(&open, 0o777);
+        let real = open.join("nvidia-smi");
+        std::fs::write(&real, "#!/bin/sh\n").unwrap();
+        mode(&real, 0o755);
+        std::fs::remove_file(&exe).unwrap();
+        std::os::unix::fs::symlink(&real, &exe).unwrap();
+        assert!(!only_trusted_can_change(&exe, me));
+        // A link in an untrusted folder to a trusted file.
+        let good = bin.join("real-smi");
+        std::fs::write(&good, "#!/bin/sh\n").unwrap();
+        mode(&good, 0o755);
+        let via = open.join("smi");
+        std::os::unix::fs::symlink(&good, &via).unwrap();
+        assert!(!only_trusted_can_change(&via, me));
+        // Missing: not trusted.
+        assert!(!only_trusted_can_change(&bin.join("missing"), me));
     }
 }
