@@ -268,7 +268,17 @@ fn gpus_the_ray_container_does_not_have_are_refused() {
 /// `env_vars` in its environment, like a Ray worker of a job with
 /// `runtime_env={"env_vars": {...}}`; returns the worker's result.
 fn worker_under_an_agent(job_env: &str, podman_args: &str) -> Value {
-    let sb = Sandbox::new();
+    worker_under_an_agent_with(&Sandbox::new(), &[], job_env, podman_args)
+}
+
+/// [`worker_under_an_agent`] in `sb`, with `agent_env` added to the
+/// agent's environment (the node's settings).
+fn worker_under_an_agent_with(
+    sb: &Sandbox,
+    agent_env: &[(&str, &str)],
+    job_env: &str,
+    podman_args: &str,
+) -> Value {
     let bindir = sb.path().join("podman-bin");
     std::fs::create_dir_all(&bindir).unwrap();
     std::os::unix::fs::symlink(BIN, bindir.join("podman")).unwrap();
@@ -279,7 +289,10 @@ fn worker_under_an_agent(job_env: &str, podman_args: &str) -> Value {
         format!("env {job_env} {}/podman {podman_args}", bindir.display()),
     );
     env.insert("FAKE_RAY_RUN_OUT".into(), out.display().to_string());
-    let mut agent = Agent::start(&sb, "head", &env);
+    for (k, v) in agent_env {
+        env.insert(k.to_string(), v.to_string());
+    }
+    let mut agent = Agent::start(sb, "head", &env);
     agent.wait_for("the worker's podman call", Duration::from_secs(120), |_| {
         out.exists()
     });
@@ -628,4 +641,39 @@ fn options_behind_a_colon_and_policy_in_an_env_file_create_nothing() {
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+}
+
+/// Hole 10: the allowed bind roots are resolved once, by the agent at its
+/// start. A worker that turns a root (a folder it can write, as `/tmp/ray`
+/// or one in `/private` is the Ray user's) into a link to `/var/lib` after
+/// the agent started gains no bind under `/var/lib`.
+#[test]
+fn a_bind_root_turned_into_a_link_after_the_start_moves_nothing() {
+    let img = image();
+    let label = unique("escape-root-link");
+    assert!(std::path::Path::new("/var/lib/dpkg").is_dir());
+    let sb = Sandbox::new();
+    let root = sb.path().join("models");
+    std::fs::create_dir(&root).unwrap();
+    let root = root.display().to_string();
+    // The job, in the worker: the root becomes a link, then podman.
+    let job = format!("A=1 true && rm -rf {root} && ln -s /var/lib {root} && env A=1");
+    let args = format!("run --rm --label {label} -v {root}/dpkg:/d:ro {img} true");
+    let r = worker_under_an_agent_with(&sb, &[("ARGUS_SHIM_ALLOWED_BINDS", &root)], &job, &args);
+    assert!(
+        std::fs::symlink_metadata(&root)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the worker did not swap the root: {r}"
+    );
+    assert!(
+        containers_with(&label).is_empty(),
+        "a container was created: {r}"
+    );
+    assert_eq!(r["code"], 125, "{r}");
+    assert!(
+        r["stderr"].as_str().unwrap_or("").contains("rule binds"),
+        "{r}"
+    );
 }
