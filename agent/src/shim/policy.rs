@@ -659,13 +659,14 @@ impl Policy {
             rule,
         };
         for s in &o.security_opt {
-            // SELinux: only the level (MCS category) and podman's file type
-            // may be chosen; `disable`, `type:spc_t`, `user:`, `role:` lift
-            // the confinement.
+            // SELinux: only podman's file type may be chosen; `disable`,
+            // `type:spc_t`, `user:`, `role:` lift the confinement, and
+            // `level:` picks the MCS categories, those of another
+            // container's files included (issue 26, hole 13).
             let label = s
                 .strip_prefix("label=")
                 .or_else(|| s.strip_prefix("label:"));
-            let ok = label.is_some_and(|l| l.starts_with("level:") || l.starts_with("filetype:"))
+            let ok = label.is_some_and(|l| l.starts_with("filetype:"))
                 || s.starts_with("mask=")
                 || matches!(
                     s.as_str(),
@@ -1415,6 +1416,11 @@ mod tests {
                 vec!["--security-opt", "systempaths=unconfined"],
                 "security-opt",
             ),
+            (
+                vec!["--security-opt", "label=level:s0:c100,c200"],
+                "security-opt",
+            ),
+            (vec!["--security-opt", "label:level:s0"], "security-opt"),
             (vec!["--userns=host"], "userns"),
             (vec!["--device", "/dev/vda"], "devices"),
             (vec!["--device", "/dev/nvidia0/../vda"], "devices"),
@@ -1664,7 +1670,7 @@ mod tests {
             ],
             vec![
                 "--security-opt",
-                "label=level:s0:c100,c200",
+                "label=filetype:container_file_t",
                 "--security-opt",
                 "no-new-privileges",
             ],
