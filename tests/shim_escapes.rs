@@ -110,7 +110,7 @@ fn a_link_to_root_in_rays_temp_dir_does_not_reach_the_hosts_docker_data() {
             "{spec} listed the daemon's data: {}",
             show(&o)
         );
-        assert!(containers_with(&label).is_empty(), "{spec} created one");
+        assert!(containers_with(&lbl).is_empty(), "{spec} created one");
     }
     // Control: the same call through a real folder of Ray's temp dir.
     let o = in_ray_container(
@@ -257,7 +257,7 @@ fn gpus_the_ray_container_does_not_have_are_refused() {
         args.extend([img, "true"]);
         let o = in_ray_container(&t, &[], &args);
         assert_refused(&o, rule, &format!("{argv:?}"));
-        assert!(containers_with(&label).is_empty());
+        assert!(containers_with(&lbl).is_empty());
     }
     // Control: without GPU flags it runs.
     let o = in_ray_container(&t, &[], &["run", "--rm", "--label", &lbl, img, "true"]);
@@ -268,7 +268,17 @@ fn gpus_the_ray_container_does_not_have_are_refused() {
 /// `env_vars` in its environment, like a Ray worker of a job with
 /// `runtime_env={"env_vars": {...}}`; returns the worker's result.
 fn worker_under_an_agent(job_env: &str, podman_args: &str) -> Value {
-    let sb = Sandbox::new();
+    worker_under_an_agent_with(&Sandbox::new(), &[], job_env, podman_args)
+}
+
+/// [`worker_under_an_agent`] in `sb`, with `agent_env` added to the
+/// agent's environment (the node's settings).
+fn worker_under_an_agent_with(
+    sb: &Sandbox,
+    agent_env: &[(&str, &str)],
+    job_env: &str,
+    podman_args: &str,
+) -> Value {
     let bindir = sb.path().join("podman-bin");
     std::fs::create_dir_all(&bindir).unwrap();
     std::os::unix::fs::symlink(BIN, bindir.join("podman")).unwrap();
@@ -279,7 +289,10 @@ fn worker_under_an_agent(job_env: &str, podman_args: &str) -> Value {
         format!("env {job_env} {}/podman {podman_args}", bindir.display()),
     );
     env.insert("FAKE_RAY_RUN_OUT".into(), out.display().to_string());
-    let mut agent = Agent::start(&sb, "head", &env);
+    for (k, v) in agent_env {
+        env.insert(k.to_string(), v.to_string());
+    }
+    let mut agent = Agent::start(sb, "head", &env);
     agent.wait_for("the worker's podman call", Duration::from_secs(120), |_| {
         out.exists()
     });
@@ -340,4 +353,327 @@ fn pull_is_under_the_image_allow_list() {
             show(&o)
         );
     }
+}
+
+/// The group of the host's Docker socket, as a number.
+fn socket_gid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/var/run/docker.sock")
+        .expect("the Docker socket")
+        .gid()
+}
+
+/// An image made from the test image whose `/etc/passwd` has uid 1000
+/// (`ray`, gid 100) and whose `/etc/group` puts `ray` in the root group and
+/// in the socket's group, and names a group `44` with the socket's gid: an
+/// image a job names to get the socket's group. Removed on drop.
+struct GroupImage(String);
+
+impl GroupImage {
+    fn build() -> GroupImage {
+        let g = socket_gid();
+        let tag = format!("{}:latest", unique("groups"));
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("etc")).unwrap();
+        std::fs::write(
+            dir.path().join("etc/passwd"),
+            "root:x:0:0::/:/bin/tool\nray:x:1000:100::/:/bin/tool\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("etc/group"),
+            format!("root:x:0:ray\n44:x:{g}:ray\nsock:x:{g}:ray\nusers:x:100:\n"),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("Dockerfile"),
+            format!("FROM {}\nCOPY etc /etc\n", image()),
+        )
+        .unwrap();
+        let o = docker(&["build", "-q", "-t", &tag, &dir.path().display().to_string()]);
+        assert!(o.status.success(), "{}", show(&o));
+        GroupImage(tag)
+    }
+}
+
+impl Drop for GroupImage {
+    fn drop(&mut self) {
+        docker(&["image", "rm", "-f", &self.0]);
+    }
+}
+
+/// Runs `podman ARGV` in a stand-in Ray container as the Ray user would:
+/// uid 1000, gid 100, with the socket's group only so that this standalone
+/// shim can reach the daemon (the agent's handler does the same), `env`
+/// as the node's shim settings.
+fn as_ray_user(env: &[&str], argv: &[&str]) -> std::process::Output {
+    let g = socket_gid().to_string();
+    let mut extra = vec!["-u", "1000:100", "--group-add", &g];
+    for e in env {
+        extra.extend(["-e", e]);
+    }
+    let ray_tmp = tempfile::tempdir().unwrap();
+    in_ray_container(&ray_tmp.path().display().to_string(), &extra, argv)
+}
+
+/// Returns the numbers of the `Groups:` line of a `/proc/<pid>/status`.
+fn groups_line(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .unwrap_or_else(|| panic!("no Groups: line in {status:?}"))
+        .split_whitespace()
+        .map(|g| g.parse().unwrap())
+        .collect()
+}
+
+/// R-SEC-1 (issue 26, road 1 and hole 5(b)): an engine container's groups
+/// are numbers the shim decides. Every spelling of the root group's, the
+/// socket's or another gid in `--group-add`, every name, and a gid 0 or
+/// the socket's in `--user` create no container; an allowed `--user 1000`
+/// on an image whose `/etc/group` puts uid 1000's user in the socket's
+/// group runs with the caller's gid and nothing else.
+#[test]
+fn an_engine_gets_no_group_from_the_image_and_no_spelling_of_a_refused_one() {
+    let img = GroupImage::build();
+    let g = socket_gid();
+    let label = unique("escape-groups");
+    let mut refused: Vec<(Vec<String>, &str)> = Vec::new();
+    for n in [0, g, 105] {
+        for s in [format!("{n}"), format!("0{n}"), format!("00{n}")] {
+            refused.push((vec!["--group-add".into(), s.clone()], "groups"));
+            if n != 105 {
+                refused.push((vec!["--user".into(), format!("1000:{s}")], "groups"));
+            }
+        }
+    }
+    for name in ["root", "sock", "44", "keep-groups", "users"] {
+        refused.push((vec!["--group-add".into(), name.into()], "groups"));
+    }
+    for u in [
+        "root",
+        "ray",
+        "0",
+        "00",
+        "1000:sock",
+        "1000:root",
+        "+1000",
+        "0x3e8",
+    ] {
+        refused.push((vec!["--user".into(), u.into()], "users"));
+    }
+    // Every case is tried, then all that let a container through (the
+    // effect) and all refused under another rule are shown together.
+    let (mut escaped, mut misnamed) = (Vec::new(), Vec::new());
+    for (flags, rule) in &refused {
+        let mut argv = vec!["run", "--rm", "--label", &label];
+        argv.extend(flags.iter().map(String::as_str));
+        argv.extend([img.0.as_str(), "/bin/tool", "id"]);
+        let o = as_ray_user(&[], &argv);
+        let created = containers_with(&label);
+        if o.status.code() != Some(125) || !created.is_empty() {
+            escaped.push(format!(
+                "{flags:?}: exit {:?}, ran as {:?}",
+                o.status.code(),
+                stdout(&o).trim()
+            ));
+            force_remove(&created);
+        } else if !stderr(&o).contains(&format!("rule {rule}")) {
+            misnamed.push(format!("{flags:?}: {}", stderr(&o).trim()));
+        }
+    }
+    assert!(escaped.is_empty(), "not refused:\n{}", escaped.join("\n"));
+    assert!(
+        misnamed.is_empty(),
+        "refused under another rule:\n{}",
+        misnamed.join("\n")
+    );
+    // Allowed: the caller's uid, bare; the gid is the caller's, the
+    // groups none of the image's.
+    for user in ["1000", "01000"] {
+        let o = as_ray_user(
+            &[],
+            &[
+                "run",
+                "--label",
+                &label,
+                "--user",
+                user,
+                &img.0,
+                "/bin/tool",
+                "read",
+                "/proc/self/status",
+            ],
+        );
+        let ids = containers_with(&label);
+        struct Rm(Vec<String>);
+        impl Drop for Rm {
+            fn drop(&mut self) {
+                force_remove(&self.0);
+            }
+        }
+        let _rm = Rm(ids.clone());
+        assert_eq!(o.status.code(), Some(0), "--user {user}: {}", show(&o));
+        assert_eq!(ids.len(), 1, "--user {user}: {ids:?}");
+        let inspect: Value = serde_json::from_str(&stdout(&docker(&["inspect", &ids[0]]))).unwrap();
+        assert_eq!(inspect[0]["Config"]["User"], "1000:100", "--user {user}");
+        let group_add = &inspect[0]["HostConfig"]["GroupAdd"];
+        assert!(
+            group_add.is_null() || group_add.as_array().is_some_and(|a| a.is_empty()),
+            "--user {user}: GroupAdd {group_add}"
+        );
+        let groups = groups_line(&stdout(&o));
+        assert!(
+            !groups.contains(&g),
+            "--user {user}: the socket's group {g} in {groups:?}"
+        );
+        assert!(
+            !groups.contains(&0),
+            "--user {user}: the root group in {groups:?}"
+        );
+        assert_eq!(groups, vec![100], "--user {user}");
+    }
+}
+
+/// Road 4: uid 0, in any spelling, never runs in a shared PID namespace
+/// for a caller that is not root, whatever `ARGUS_SHIM_ALLOWED_USERS` says.
+#[test]
+fn root_in_a_shared_pid_namespace_is_refused_whatever_the_allowed_users() {
+    let img = image();
+    let label = unique("escape-rootpid");
+    let allow = "ARGUS_SHIM_ALLOWED_USERS=0";
+    for flags in [
+        &["-u", "0", "--pid=host"][..],
+        &["-u", "00:100", "--pid=host"],
+        &["--user", "0:0100", "--pid", "host"],
+        &["--userns=keep-id:uid=0,gid=100", "--pid=host"],
+    ] {
+        let mut argv = vec!["run", "--rm", "--label", &label];
+        argv.extend(flags);
+        argv.extend([img, "/bin/tool", "id"]);
+        let o = as_ray_user(&[allow], &argv);
+        assert_refused(&o, "no-root-shared-pid", &format!("{flags:?}"));
+        assert!(containers_with(&label).is_empty(), "{flags:?} created one");
+    }
+    // Control: listed, in a PID namespace of its own, uid 0 runs.
+    let o = as_ray_user(
+        &[allow],
+        &[
+            "run",
+            "--rm",
+            "--label",
+            &label,
+            "-u",
+            "0",
+            img,
+            "/bin/tool",
+            "id",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(stdout(&o).trim(), "0:100");
+}
+
+/// Holes 9 and 11: a propagation mode or a relabel smuggled behind a `:`
+/// in a `--mount` target or source, and a policy variable in an
+/// `--env-file`, create no container.
+#[test]
+fn options_behind_a_colon_and_policy_in_an_env_file_create_nothing() {
+    let img = image();
+    let label = unique("escape-smuggle");
+    let ray_tmp = tempfile::tempdir().unwrap();
+    let t = ray_tmp.path().display().to_string();
+    std::fs::write(
+        ray_tmp.path().join("job.env"),
+        "A=1\nARGUS_SHIM_POLICY=relaxed\n",
+    )
+    .unwrap();
+    std::fs::write(ray_tmp.path().join("gpu.env"), "NVIDIA_VISIBLE_DEVICES=0\n").unwrap();
+    let mut escaped = Vec::new();
+    for (flags, rule) in [
+        (
+            &["--mount", "type=bind,src=/tmp/ray,dst=/x:rshared"][..],
+            "",
+        ),
+        (&["--mount", "type=bind,src=/tmp/ray,dst=/x:z"], ""),
+        (
+            &[
+                "--mount",
+                "type=bind,src=/tmp/ray,dst=/x,bind-propagation=z",
+            ],
+            "",
+        ),
+        (&["--env-file", "/tmp/ray/job.env"], "no-job-policy"),
+        (&["--env-file", "/tmp/ray/gpu.env"], "gpus"),
+    ] {
+        let mut argv = vec!["run", "--rm", "--label", &label];
+        argv.extend(flags);
+        argv.extend([img, "true"]);
+        let o = in_ray_container(&t, &[], &argv);
+        let created = containers_with(&label);
+        if o.status.code() != Some(125) || !created.is_empty() {
+            escaped.push(format!("{flags:?}: exit {:?}", o.status.code()));
+            force_remove(&created);
+        } else if !stderr(&o).contains(&format!("rule {rule}")) {
+            // A malformed mount is refused as a bad value, no rule.
+            if !rule.is_empty() {
+                escaped.push(format!("{flags:?}: {}", stderr(&o).trim()));
+            }
+        }
+    }
+    assert!(escaped.is_empty(), "not refused:\n{}", escaped.join("\n"));
+    // Control: the same mount and an env file without them run.
+    std::fs::write(ray_tmp.path().join("ok.env"), "A=1\n").unwrap();
+    let o = in_ray_container(
+        &t,
+        &[],
+        &[
+            "run",
+            "--rm",
+            "--label",
+            &label,
+            "--env-file",
+            "/tmp/ray/ok.env",
+            "--mount",
+            "type=bind,src=/tmp/ray,dst=/x,bind-propagation=rprivate",
+            img,
+            "true",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+}
+
+/// Hole 10: the allowed bind roots are resolved once, by the agent at its
+/// start. A worker that turns a root (a folder it can write, as `/tmp/ray`
+/// or one in `/private` is the Ray user's) into a link to `/var/lib` after
+/// the agent started gains no bind under `/var/lib`.
+#[test]
+fn a_bind_root_turned_into_a_link_after_the_start_moves_nothing() {
+    let img = image();
+    let label = unique("escape-root-link");
+    assert!(std::path::Path::new("/var/lib/dpkg").is_dir());
+    let sb = Sandbox::new();
+    let root = sb.path().join("models");
+    std::fs::create_dir(&root).unwrap();
+    let root = root.display().to_string();
+    // The job, in the worker: the root becomes a link, then podman.
+    let job = format!("A=1 true && rm -rf {root} && ln -s /var/lib {root} && env A=1");
+    let args = format!("run --rm --label {label} -v {root}/dpkg:/d:ro {img} true");
+    let r = worker_under_an_agent_with(&sb, &[("ARGUS_SHIM_ALLOWED_BINDS", &root)], &job, &args);
+    assert!(
+        std::fs::symlink_metadata(&root)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the worker did not swap the root: {r}"
+    );
+    assert!(
+        containers_with(&label).is_empty(),
+        "a container was created: {r}"
+    );
+    assert_eq!(r["code"], 125, "{r}");
+    assert!(
+        r["stderr"].as_str().unwrap_or("").contains("rule binds"),
+        "{r}"
+    );
 }

@@ -512,9 +512,7 @@ fn outside_policy(body: &Value, my_id: &str) -> Vec<String> {
         bad.push(format!("CapAdd {}", hc["CapAdd"]));
     }
     for s in strs(&hc["SecurityOpt"]) {
-        let ok = s.starts_with("no-new-privileges")
-            || s.starts_with("label=level:")
-            || s.starts_with("label=filetype:");
+        let ok = s.starts_with("no-new-privileges") || s.starts_with("label=filetype:");
         if !ok {
             bad.push(format!("SecurityOpt {s}"));
         }

@@ -292,7 +292,7 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_SHIM_ALLOWED_BINDS", S, Kind::Text, Unset("(Ray temp dirs, shared root, model cache)"), "colon-separated folders (paths in the Ray container) engine containers may bind"),
     var("ARGUS_MODEL_CACHE", S, Kind::Text, Unset("(/tmp/argus-models)"), "model cache folder, mounted at the same path as on the host; in the default bind allow-list"),
     var("ARGUS_SHIM_ALLOWED_VOLUMES", S, Kind::Text, Unset("(the Ray container's own)"), "comma-separated named volumes engine containers may mount besides the Ray container's own (`prefix*` allowed)"),
-    var("ARGUS_SHIM_ALLOWED_USERS", S, Kind::Text, Unset("(the caller only)"), "comma-separated users engine containers may run as besides their caller (`0`, `root`, `*`)"),
+    var("ARGUS_SHIM_ALLOWED_USERS", S, Kind::Text, Unset("(the caller only)"), "comma-separated uids (decimal) engine containers may run as besides their caller; `0` only when listed, `*` any but 0"),
     var("ARGUS_SHIM_ALLOWED_CAPS", S, Kind::Text, Unset("(none)"), "comma-separated capabilities `--cap-add` may add"),
     var("ARGUS_SHIM_OWNER", S, Kind::Text, Unset("(Ray container id, or host-<id> in ARGUS_STATE_DIR)"), "owner label of this node's engine containers"),
 ];

@@ -793,7 +793,13 @@ pub const RUN_FLAGS: &[FlagDef] = {
             Checked("no-job-policy"),
             push_value!(env, unquoted),
         ),
-        flag("env-file", None, V, Allowed, push_value!(env_files)),
+        flag(
+            "env-file",
+            None,
+            V,
+            Checked("no-job-policy"),
+            push_value!(env_files),
+        ),
         flag("env-host", None, B, Mapped, set_bool!(env_host)),
         flag("http-proxy", None, B, Mapped, set_bool!(http_proxy)),
         flag("tz", None, V, Mapped, set_tz),
@@ -1076,11 +1082,31 @@ pub fn parse_volume(spec: &str) -> Result<Volume, ArgsError> {
             _ => return Err(bad()),
         }
     }
+    // Both would leave the mode to whoever reads the list last.
+    if options.iter().any(|o| o == "ro") && options.iter().any(|o| o == "rw") {
+        return Err(bad());
+    }
     Ok(Volume {
         source,
         target,
         options,
     })
+}
+
+/// Bind propagation modes (the policy refuses the ones that propagate
+/// mounts out of the container).
+pub const PROPAGATIONS: &[&str] = &[
+    "private", "rprivate", "shared", "rshared", "slave", "rslave",
+];
+
+/// Parses a boolean as Go's `strconv.ParseBool` does (Docker's CLI reads
+/// `--mount` booleans with it).
+pub fn go_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
 }
 
 /// What one `--mount` adds.
@@ -1117,10 +1143,20 @@ pub fn parse_mount(spec: &str) -> Result<Mount, ArgsError> {
             ("type", Some(t)) => kind = Some(t.to_string()),
             ("source" | "src", Some(v)) => source = v.to_string(),
             ("target" | "dst" | "destination", Some(v)) => target = Some(v.to_string()),
-            ("readonly" | "ro", None | Some("true" | "1")) => options.push("ro".to_string()),
-            ("readonly" | "ro", Some("false" | "0")) => {}
-            ("bind-propagation", Some(p)) => options.push(p.to_string()),
-            ("volume-nocopy", None | Some("true")) => options.push("nocopy".to_string()),
+            // Docker's CLI reads these with Go's `strconv.ParseBool`.
+            ("readonly" | "ro", v) => match v.map_or(Some(true), go_bool) {
+                Some(true) => options.push("ro".to_string()),
+                Some(false) => options.push("rw".to_string()),
+                None => return Err(bad()),
+            },
+            ("bind-propagation", Some(p)) if PROPAGATIONS.contains(&p) => {
+                options.push(p.to_string())
+            }
+            ("volume-nocopy", v) => match v.map_or(Some(true), go_bool) {
+                Some(true) => options.push("nocopy".to_string()),
+                Some(false) => {}
+                None => return Err(bad()),
+            },
             ("relabel", Some(_)) | ("z" | "Z", None) | ("consistency", Some(_)) => {}
             ("tmpfs-size", Some(v)) => tmpfs.push(format!("size={v}")),
             ("tmpfs-mode", Some(v)) => tmpfs.push(format!("mode={v}")),
@@ -1145,8 +1181,7 @@ pub fn parse_mount(spec: &str) -> Result<Mount, ArgsError> {
             ) => return Err(unsupported(k)),
             (
                 "type" | "source" | "src" | "target" | "dst" | "destination" | "bind-propagation"
-                | "relabel" | "consistency" | "tmpfs-size" | "tmpfs-mode" | "readonly" | "ro"
-                | "volume-nocopy",
+                | "relabel" | "consistency" | "tmpfs-size" | "tmpfs-mode",
                 _,
             ) => return Err(bad()),
             _ => {
@@ -1157,7 +1192,18 @@ pub fn parse_mount(spec: &str) -> Result<Mount, ArgsError> {
             }
         }
     }
-    let target = target.filter(|t| t.starts_with('/')).ok_or_else(bad)?;
+    // A `:` would be read by Docker as the start of options
+    // (`target=/x:rshared`).
+    let target = target
+        .filter(|t| t.starts_with('/') && !t.contains(':'))
+        .ok_or_else(bad)?;
+    if source.contains(':') {
+        return Err(bad());
+    }
+    if options.iter().any(|o| o == "ro") && options.iter().any(|o| o == "rw") {
+        return Err(bad());
+    }
+    options.retain(|o| o != "rw");
     match kind.as_deref() {
         Some("bind") if !source.is_empty() => {
             if !source.starts_with('/') && !source.starts_with('.') {

@@ -85,6 +85,11 @@ fn become_client(sock: &UnixStream, settings: &Path) -> Result<Vec<String>, Stri
     let req: Request = transport::recv(sock).map_err(|e| format!("bad request: {e}"))?;
     sock.set_read_timeout(None).map_err(|e| e.to_string())?;
     let groups = groups_of(pid, uid)?;
+    // The caller's own limits bound its `--ulimit`s (not this process's,
+    // which are PID 1's).
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits"))
+        .map_err(|e| format!("cannot read the caller's limits: {e}"))?;
+    let _ = super::policy::CALLER_LIMITS.set(super::policy::parse_proc_limits(&limits));
     let node = NodeSettings::read(settings).map_err(|e| e.to_string())?;
     if nix::unistd::geteuid().is_root() && uid != 0 {
         let socket_gid = docker_socket_gid(&node);

@@ -137,6 +137,7 @@ pub const REFUSAL_RULES: &[&str] = &[
     "tmpfs",
     "users",
     "groups",
+    "no_root_shared_pid",
     "no_privileged",
     "no_cgroup_parent",
     "allowed_images",
@@ -197,6 +198,7 @@ pub fn refusal_rule(e: &super::ShimError) -> Option<&'static str> {
         ShimError::Translate(TranslateError::RacySubfolder { .. }) => {
             Some(refusal_label("no-writable-subfolder-bind"))
         }
+        ShimError::Translate(TranslateError::Refused { rule, .. }) => Some(refusal_label(rule)),
         ShimError::Translate(TranslateError::Unsupported { .. })
         | ShimError::Args(ArgsError::Unsupported { .. })
         | ShimError::Args(ArgsError::NotSupported { .. }) => Some("unsupported"),
@@ -265,8 +267,73 @@ pub const ULIMITS: &[(&str, libc::__rlimit_resource_t)] = &[
     ("as", libc::RLIMIT_AS),
 ];
 
-/// Returns the caller's hard limits by Docker's ulimit name (-1: unlimited).
+/// The caller's hard limits, when the caller is another process: the
+/// agent's handler reads them from `/proc/<caller pid>/limits` (the pid from
+/// `SO_PEERCRED`) before it takes the caller's identity.
+pub static CALLER_LIMITS: std::sync::OnceLock<HashMap<String, i64>> = std::sync::OnceLock::new();
+
+/// The lines of `/proc/<pid>/limits` by Docker's ulimit name.
+const PROC_LIMITS: &[(&str, &str)] = &[
+    ("Max cpu time", "cpu"),
+    ("Max file size", "fsize"),
+    ("Max data size", "data"),
+    ("Max stack size", "stack"),
+    ("Max core file size", "core"),
+    ("Max resident set", "rss"),
+    ("Max processes", "nproc"),
+    ("Max open files", "nofile"),
+    ("Max locked memory", "memlock"),
+    ("Max address space", "as"),
+    ("Max file locks", "locks"),
+    ("Max pending signals", "sigpending"),
+    ("Max msgqueue size", "msgqueue"),
+    ("Max nice priority", "nice"),
+    ("Max realtime priority", "rtprio"),
+    ("Max realtime timeout", "rttime"),
+];
+
+/// Parses the text of `/proc/<pid>/limits` into hard limits by Docker's
+/// ulimit name (-1: unlimited); a line it cannot read is left out (so
+/// that limit allows nothing).
+pub fn parse_proc_limits(text: &str) -> HashMap<String, i64> {
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        let Some(&(prefix, name)) = PROC_LIMITS.iter().find(|(p, _)| {
+            line.strip_prefix(p)
+                .is_some_and(|rest| rest.starts_with("  ") || rest.starts_with(' '))
+        }) else {
+            continue;
+        };
+        // After the name: soft, hard, [units].
+        let mut fields = line[prefix.len()..].split_whitespace();
+        let (Some(_soft), Some(hard)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let hard = match hard {
+            "unlimited" => -1,
+            h => match h.parse::<u64>().ok().and_then(|h| i64::try_from(h).ok()) {
+                Some(h) => h,
+                None => continue,
+            },
+        };
+        out.insert(name.to_string(), hard);
+    }
+    out
+}
+
+/// Returns the caller's hard limits by Docker's ulimit name (-1:
+/// unlimited): those the handler read from the caller's process
+/// ([`CALLER_LIMITS`]), else this process's own (a standalone shim is its
+/// caller).
 pub fn caller_ulimits() -> HashMap<String, i64> {
+    if let Some(l) = CALLER_LIMITS.get() {
+        return l.clone();
+    }
+    own_ulimits()
+}
+
+/// Returns this process's hard limits by Docker's ulimit name.
+fn own_ulimits() -> HashMap<String, i64> {
     ULIMITS
         .iter()
         .filter_map(|&(name, res)| {
@@ -297,6 +364,51 @@ const DEFAULT_BINDS: &[(&str, &str)] = &[
     ("ARGUS_SHARED_ROOT", "/private"),
     ("ARGUS_MODEL_CACHE", "/tmp/argus-models"),
 ];
+
+/// The variable through which the node agent's bind roots, resolved once
+/// at its start ([`super::settings::NodeSettings::resolve_bind_roots`]),
+/// reach each call: a JSON list of canonical paths in the Ray container.
+pub const BIND_ROOTS_VAR: &str = "ARGUS_SHIM_BIND_ROOTS";
+
+/// Returns the allowed bind roots as configured (paths in the Ray
+/// container, not resolved): `ARGUS_SHIM_ALLOWED_BINDS`, else the defaults
+/// moved by their variables.
+pub fn allowed_binds(get: impl Fn(&str) -> Option<String>) -> Result<Vec<String>, PolicyError> {
+    let list = |name: &str, sep: char| -> Option<Vec<String>> {
+        get(name).filter(|v| !v.trim().is_empty()).map(|v| {
+            v.split(sep)
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+    };
+    Ok(match list("ARGUS_SHIM_ALLOWED_BINDS", ':') {
+        Some(l) => {
+            if let Some(bad) = l.iter().find(|p| !p.starts_with('/')) {
+                return Err(PolicyError::Setting {
+                    name: "ARGUS_SHIM_ALLOWED_BINDS",
+                    value: bad.clone(),
+                    why: "not an absolute path (colon-separated absolute paths expected)",
+                });
+            }
+            l
+        }
+        None => {
+            let mut l: Vec<String> = DEFAULT_BINDS
+                .iter()
+                .map(|(var, default)| {
+                    get(var)
+                        .filter(|v| !var.is_empty() && v.starts_with('/'))
+                        .unwrap_or_else(|| default.to_string())
+                })
+                .collect();
+            if let Some(t) = get("RAY_TMPDIR").filter(|v| v.starts_with('/')) {
+                l.push(format!("{}/ray", t.trim_end_matches('/')));
+            }
+            l
+        }
+    })
+}
 
 /// An allowed bind root, in the Ray container and on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -342,8 +454,15 @@ pub struct Policy {
     /// The caller's uid and gid: what an engine container runs as unless
     /// `ARGUS_SHIM_ALLOWED_USERS` allows another `--user`.
     pub caller: Option<(u32, u32)>,
-    /// Users `--user` may name besides the caller (`0`, `root`, `*`).
-    pub allowed_users: Vec<String>,
+    /// Uids `--user` may name besides the caller's (numbers only).
+    pub allowed_users: Vec<u32>,
+    /// `*` in `ARGUS_SHIM_ALLOWED_USERS`: any uid but 0 (0 only when
+    /// listed).
+    pub any_user: bool,
+    /// The bind roots the node agent resolved at its start (canonical
+    /// paths in the Ray container), when it did: used instead of resolving
+    /// `allowed_binds` again at each call ([`BIND_ROOTS_VAR`]).
+    pub start_roots: Option<Vec<PathBuf>>,
     /// The Docker socket's group, which no engine container may join.
     pub socket_gid: Option<u32>,
 }
@@ -379,30 +498,19 @@ impl Policy {
             })
         };
         let allowed_images = list("ARGUS_SHIM_ALLOWED_IMAGES", ',');
-        let allowed_binds = match list("ARGUS_SHIM_ALLOWED_BINDS", ':') {
-            Some(l) => {
-                if let Some(bad) = l.iter().find(|p| !p.starts_with('/')) {
-                    return Err(PolicyError::Setting {
-                        name: "ARGUS_SHIM_ALLOWED_BINDS",
-                        value: bad.clone(),
-                        why: "not an absolute path (colon-separated absolute paths expected)",
-                    });
+        let allowed_binds = allowed_binds(&get)?;
+        let start_roots = match get(BIND_ROOTS_VAR).filter(|v| !v.is_empty()) {
+            None => None,
+            Some(v) => {
+                match serde_json::from_str::<Vec<PathBuf>>(&v) {
+                    Ok(l) if l.iter().all(|p| p.is_absolute()) => Some(l),
+                    _ => return Err(PolicyError::Setting {
+                        name: BIND_ROOTS_VAR,
+                        value: v,
+                        why:
+                            "not a JSON list of absolute paths (written by the node agent at start)",
+                    }),
                 }
-                l
-            }
-            None => {
-                let mut l: Vec<String> = DEFAULT_BINDS
-                    .iter()
-                    .map(|(var, default)| {
-                        get(var)
-                            .filter(|v| !var.is_empty() && v.starts_with('/'))
-                            .unwrap_or_else(|| default.to_string())
-                    })
-                    .collect();
-                if let Some(t) = get("RAY_TMPDIR").filter(|v| v.starts_with('/')) {
-                    l.push(format!("{}/ray", t.trim_end_matches('/')));
-                }
-                l
             }
         };
         let allowed_volumes = list("ARGUS_SHIM_ALLOWED_VOLUMES", ',').unwrap_or_default();
@@ -413,7 +521,21 @@ impl Policy {
                 why: "not a volume name (comma-separated names expected; paths go in ARGUS_SHIM_ALLOWED_BINDS)",
             });
         }
-        let allowed_users = list("ARGUS_SHIM_ALLOWED_USERS", ',').unwrap_or_default();
+        let mut any_user = false;
+        let mut allowed_users = Vec::new();
+        for u in list("ARGUS_SHIM_ALLOWED_USERS", ',').unwrap_or_default() {
+            match (u.as_str(), super::translate::parse_id(&u)) {
+                ("*", _) => any_user = true,
+                (_, Some(n)) => allowed_users.push(n),
+                (_, None) => {
+                    return Err(PolicyError::Setting {
+                        name: "ARGUS_SHIM_ALLOWED_USERS",
+                        value: u,
+                        why: "not a uid (comma-separated decimal uids or `*` expected; names are not taken)",
+                    })
+                }
+            }
+        }
         let allowed_caps = list("ARGUS_SHIM_ALLOWED_CAPS", ',')
             .unwrap_or_default()
             .iter()
@@ -435,30 +557,43 @@ impl Policy {
             allowed_caps,
             allowed_volumes,
             allowed_users,
+            any_user,
             docker_sockets,
+            start_roots,
             ..Default::default()
         })
     }
 
-    /// Resolves the allowed bind roots: `canon` resolves symlinks and `..`
-    /// in the Ray container (None: the root does not exist there, so it
-    /// allows nothing), [`to_host`] maps the result to the host. Also notes
+    /// Resolves the allowed bind roots: those the node agent resolved at
+    /// start when there are ([`Policy::start_roots`]), else `canon`
+    /// resolves symlinks and `..` in the Ray container (None: the root does
+    /// not exist there, so it allows nothing); [`to_host`] maps the result
+    /// to the host. Also notes
     /// what the Ray container has: devices, volumes, networks, GPUs, limits.
     pub fn resolve(
         &mut self,
         me: Option<&SelfContainer>,
         canon: impl Fn(&Path) -> Option<PathBuf>,
     ) {
-        self.roots = self
-            .allowed_binds
-            .iter()
-            .filter_map(|p| {
-                let caller = canon(Path::new(p))?;
+        let resolved: Vec<PathBuf> = match &self.start_roots {
+            // Resolved once by the node agent at its start: a root that is
+            // (or later becomes) a link the Ray user controls is not
+            // followed again.
+            Some(l) => l.clone(),
+            None => self
+                .allowed_binds
+                .iter()
+                .filter_map(|p| canon(Path::new(p)))
+                .collect(),
+        };
+        self.roots = resolved
+            .into_iter()
+            .map(|caller| {
                 let host = match to_host(me, &caller) {
                     HostPath::At { path, .. } => Some(PathBuf::from(path)),
                     HostPath::NotVisible => None,
                 };
-                Some(Root { caller, host })
+                Root { caller, host }
             })
             .collect();
         self.ray_devices = me.map(|m| m.devices.clone()).unwrap_or_default();
@@ -494,11 +629,8 @@ impl Policy {
 
     /// Checks a `run` request after translation.
     pub fn check_run(&self, o: &RunOpts, plan: &Plan) -> Result<(), PolicyError> {
-        for e in &o.env {
-            let name = e.split_once('=').map(|(k, _)| k).unwrap_or(e);
-            if name.starts_with("ARGUS_SHIM_") {
-                return Err(PolicyError::JobPolicy { name: name.into() });
-            }
+        for e in &plan.job_env {
+            check_job_env(e)?;
         }
         if !self.image_allowed(&o.image) {
             return Err(PolicyError::Image {
@@ -527,13 +659,14 @@ impl Policy {
             rule,
         };
         for s in &o.security_opt {
-            // SELinux: only the level (MCS category) and podman's file type
-            // may be chosen; `disable`, `type:spc_t`, `user:`, `role:` lift
-            // the confinement.
+            // SELinux: only podman's file type may be chosen; `disable`,
+            // `type:spc_t`, `user:`, `role:` lift the confinement, and
+            // `level:` picks the MCS categories, those of another
+            // container's files included (issue 26, hole 13).
             let label = s
                 .strip_prefix("label=")
                 .or_else(|| s.strip_prefix("label:"));
-            let ok = label.is_some_and(|l| l.starts_with("level:") || l.starts_with("filetype:"))
+            let ok = label.is_some_and(|l| l.starts_with("filetype:"))
                 || s.starts_with("mask=")
                 || matches!(
                     s.as_str(),
@@ -671,37 +804,10 @@ impl Policy {
                 }
             }
         }
-        if let (Some((uid, gid)), Some(user)) = (self.caller, body.user.as_deref()) {
-            let (u, g) = user.split_once(':').unwrap_or((user, ""));
-            let own = u == uid.to_string() && (g.is_empty() || g == gid.to_string());
-            let listed = self
-                .allowed_users
-                .iter()
-                .any(|a| a == "*" || a == user || a == u);
-            if !own && !listed {
-                return Err(refuse(
-                    "--user/--userns",
-                    format!(
-                        "{user} (engine containers run as their caller, {uid}:{gid}, unless ARGUS_SHIM_ALLOWED_USERS names the user)"
-                    ),
-                    "users",
-                ));
-            }
-        }
+        self.check_identity(body)?;
         let Some(hc) = &body.host_config else {
             return Ok(());
         };
-        for g in hc.group_add.iter().flatten() {
-            let bad =
-                g == "0" || g == "root" || self.socket_gid.is_some_and(|s| g == &s.to_string());
-            if bad {
-                return Err(refuse(
-                    "--group-add",
-                    format!("{g} (the root group or the Docker socket's)"),
-                    "groups",
-                ));
-            }
-        }
         if let Gpus::List(have) = &self.gpus {
             for r in hc.device_requests.iter().flatten() {
                 for id in r.device_ids.iter().flatten() {
@@ -773,6 +879,86 @@ impl Policy {
                     "resources",
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Checks the identity the create body gives the container (R-SEC-1):
+    /// `User` is `UID:GID` in decimal, no supplementary group; the uid is
+    /// the caller's or one `ARGUS_SHIM_ALLOWED_USERS` lists (0 only when
+    /// listed by number), the gid the caller's or, for a listed uid, any
+    /// but 0 and the Docker socket's; and no uid 0 in a shared PID
+    /// namespace unless the caller is root itself (road 4: a root engine
+    /// there reaches `/proc/<pid>/root` of the node's root processes).
+    fn check_identity(&self, body: &ContainerCreateBody) -> Result<(), PolicyError> {
+        let refuse = |flag, value: String, rule| PolicyError::Flag { flag, value, rule };
+        let user = body.user.as_deref().unwrap_or("");
+        let ids = user.split_once(':').and_then(|(u, g)| {
+            let canonical = |s: &str, n: u32| n.to_string() == s;
+            let (uid, gid) = (u.parse::<u32>().ok()?, g.parse::<u32>().ok()?);
+            (canonical(u, uid) && canonical(g, gid)).then_some((uid, gid))
+        });
+        let Some((uid, gid)) = ids else {
+            return Err(refuse(
+                "--user",
+                format!("{user:?} (an engine container's user is UID:GID in decimal)"),
+                "users",
+            ));
+        };
+        let hc = body.host_config.as_ref();
+        if let Some(g) = hc
+            .and_then(|h| h.group_add.as_ref())
+            .and_then(|g| g.first())
+        {
+            return Err(refuse(
+                "--group-add",
+                format!("{g} (engine containers have no supplementary group)"),
+                "groups",
+            ));
+        }
+        let (own_uid, own_gid) = match self.caller {
+            Some((u, g)) => (Some(u), Some(g)),
+            None => (None, None),
+        };
+        let listed = (self.any_user && uid != 0) || self.allowed_users.contains(&uid);
+        if own_uid != Some(uid) && !listed {
+            return Err(refuse(
+                "--user/--userns",
+                format!(
+                    "{user} (engine containers run as their caller{}, unless ARGUS_SHIM_ALLOWED_USERS lists the uid)",
+                    self.caller.map(|(u, g)| format!(", {u}:{g}")).unwrap_or_default()
+                ),
+                "users",
+            ));
+        }
+        if own_gid != Some(gid) {
+            let why = if gid == 0 {
+                Some("the root group")
+            } else if self.socket_gid == Some(gid) {
+                Some("the Docker socket's group")
+            } else if !listed {
+                Some("not the caller's group, and ARGUS_SHIM_ALLOWED_USERS does not list the uid")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(refuse(
+                    "--user/--userns",
+                    format!("{user} ({why})"),
+                    "groups",
+                ));
+            }
+        }
+        let pid = hc.and_then(|h| h.pid_mode.as_deref()).unwrap_or("");
+        let shared_pid = !(pid.is_empty() || pid == "private");
+        if uid == 0 && shared_pid && own_uid != Some(0) {
+            return Err(refuse(
+                "--user/--pid",
+                format!(
+                    "{user} with --pid {pid} (a root process in a shared PID namespace reaches the node's root processes through /proc)"
+                ),
+                "no-root-shared-pid",
+            ));
         }
         Ok(())
     }
@@ -940,6 +1126,24 @@ impl Policy {
         }
         None
     }
+}
+
+/// Checks one environment entry the job set (`-e` or an `--env-file`
+/// line: `K=V`, `K`, or `PREFIX*`): a job may not set the shim's own
+/// variables (rule `no-job-policy`).
+pub fn check_job_env(entry: &str) -> Result<(), PolicyError> {
+    let name = entry.split_once('=').map(|(k, _)| k).unwrap_or(entry);
+    let name = name.trim();
+    // `-e 'PREFIX*'` copies every variable of the shim's environment with
+    // that prefix: one that covers `ARGUS_SHIM_` sets them too.
+    let covers = match name.strip_suffix('*') {
+        Some(prefix) => "ARGUS_SHIM_".starts_with(prefix),
+        None => false,
+    };
+    if name.starts_with("ARGUS_SHIM_") || covers {
+        return Err(PolicyError::JobPolicy { name: name.into() });
+    }
+    Ok(())
 }
 
 /// Returns `l` comma-separated, or `none`.
@@ -1123,7 +1327,7 @@ pub fn canonical(image: &str) -> String {
 mod tests {
     use super::*;
     use crate::shim::args::{parse, Command};
-    use crate::shim::translate::{translate, Context};
+    use crate::shim::translate::{translate, Context, TranslateError};
 
     /// Resolves a path the way these tests' imaginary Ray container does:
     /// lexically (nothing in it is a symlink). The real resolution is
@@ -1137,20 +1341,49 @@ mod tests {
         let Command::Run(o) = parse(&argv).unwrap() else {
             panic!()
         };
-        let mut ctx = Context::default();
+        let (uid, gid) = policy.caller.unwrap_or((1000, 100));
+        let mut ctx = Context {
+            uid,
+            gid,
+            ..Default::default()
+        };
         for v in o.volumes.iter().filter(|v| v.is_path()) {
             let c = lexical(Path::new(&v.source)).unwrap();
             ctx.canonical
                 .insert(v.source.clone(), c.display().to_string());
         }
-        let plan = translate(&o, &ctx).unwrap();
+        let plan = translated(&o, &ctx)?;
+        // A policy built without a caller is this context's.
+        let mut policy = policy.clone();
+        policy.caller.get_or_insert((ctx.uid, ctx.gid));
         policy.check_run(&o, &plan)?;
         policy.check_body(&plan.body)
     }
 
+    /// [`translate`], with its refusals as the policy's (their rule kept).
+    fn translated(o: &RunOpts, ctx: &Context) -> Result<Plan, PolicyError> {
+        translate(o, ctx).map_err(|e| match e {
+            TranslateError::Refused { value, rule, .. } => PolicyError::Flag {
+                flag: "translate",
+                value,
+                rule,
+            },
+            TranslateError::Unsupported { value, .. } => PolicyError::Flag {
+                flag: "translate",
+                value,
+                rule: "unsupported",
+            },
+            e => panic!("translate: {e}"),
+        })
+    }
+
+    /// The default policy for a caller 1000:100 on a node whose Docker
+    /// socket's group is 999.
     fn strict() -> Policy {
         let mut p = Policy::from_env(|_| None).unwrap();
         p.resolve(None, lexical);
+        p.caller = Some((1000, 100));
+        p.socket_gid = Some(999);
         p
     }
 
@@ -1183,6 +1416,11 @@ mod tests {
                 vec!["--security-opt", "systempaths=unconfined"],
                 "security-opt",
             ),
+            (
+                vec!["--security-opt", "label=level:s0:c100,c200"],
+                "security-opt",
+            ),
+            (vec!["--security-opt", "label:level:s0"], "security-opt"),
             (vec!["--userns=host"], "userns"),
             (vec!["--device", "/dev/vda"], "devices"),
             (vec!["--device", "/dev/nvidia0/../vda"], "devices"),
@@ -1432,11 +1670,11 @@ mod tests {
             ],
             vec![
                 "--security-opt",
-                "label=level:s0:c100,c200",
+                "label=filetype:container_file_t",
                 "--security-opt",
                 "no-new-privileges",
             ],
-            vec!["--userns=keep-id:uid=1,gid=2"],
+            vec!["--userns=keep-id:uid=1000,gid=100"],
             vec!["--network=host", "--pid=host", "--ipc=host", "--uts=host"],
             vec!["--network", "container:mine", "--pid", "container:mine"],
             vec!["--network", "none", "--ipc", "private"],
@@ -1591,6 +1829,7 @@ mod tests {
     fn check_in(me: &SelfContainer, argv: &[&str]) -> String {
         let mut p = Policy::from_env(|_| None).unwrap();
         p.resolve(Some(me), lexical);
+        p.caller = Some((0, 0));
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
         let Command::Run(o) = parse(&argv).unwrap() else {
             panic!()
@@ -1681,7 +1920,8 @@ mod tests {
 
     #[test]
     fn engines_run_as_their_caller_without_privilege_gains() {
-        let run = |p: &Policy, argv: &[&str]| {
+        let p = strict();
+        let body = |p: &Policy, argv: &[&str]| {
             let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
             let Command::Run(o) = parse(&argv).unwrap() else {
                 panic!()
@@ -1689,33 +1929,48 @@ mod tests {
             let ctx = Context {
                 uid: 1000,
                 gid: 100,
-                groups: vec![100, 999],
                 ..Default::default()
             };
             let plan = translate(&o, &ctx).unwrap();
-            let r = p
-                .check_run(&o, &plan)
-                .and_then(|()| p.check_body(&plan.body));
-            (rule_of(r), plan.body)
+            assert_eq!(rule_of(p.check_body(&plan.body)), "ok", "{argv:?}");
+            plan.body
         };
-        let mut p = strict();
-        p.caller = Some((1000, 100));
-        p.socket_gid = Some(999);
-        let (rule, body) = run(&p, &["run", "img"]);
-        assert_eq!(rule, "ok");
-        assert_eq!(body.user.as_deref(), Some("1000:100"));
-        let sec = body.host_config.unwrap().security_opt.unwrap();
-        assert!(sec.contains(&"no-new-privileges".to_string()), "{sec:?}");
+        for argv in [
+            &["run", "img"][..],
+            &["run", "--user", "1000", "img"],
+            &["run", "--user", "01000", "img"],
+            &["run", "--user", "1000:0100", "img"],
+            &["run", "--userns=keep-id", "img"],
+            &["run", "--userns=keep-id:uid=1000,gid=100", "img"],
+        ] {
+            let b = body(&p, argv);
+            // Numbers decided here: UID:GID in decimal, no group list.
+            assert_eq!(b.user.as_deref(), Some("1000:100"), "{argv:?}");
+            let hc = b.host_config.unwrap();
+            assert_eq!(hc.group_add, Some(vec![]), "{argv:?}");
+            assert!(hc
+                .security_opt
+                .unwrap()
+                .contains(&"no-new-privileges".to_string()));
+        }
         for (argv, want) in [
-            (vec!["--user", "1000"], "ok"),
-            (vec!["--userns=keep-id"], "ok"),
             (vec!["--user", "0"], "users"),
             (vec!["-u", "root"], "users"),
+            (vec!["-u", "ray"], "users"),
+            (vec!["-u", ""], "users"),
+            (vec!["-u", ":100"], "users"),
+            (vec!["-u", "1000:"], "users"),
+            (vec!["-u", "1000:users"], "users"),
+            (vec!["-u", "1000:docker"], "users"),
             (vec!["--userns=keep-id:uid=0,gid=0"], "users"),
-            (vec!["--group-add", "0"], "groups"),
-            (vec!["--group-add", "999"], "groups"),
+            (vec!["--userns=keep-id:uid=root"], "users"),
+            (vec!["--userns=keep-idx"], "unsupported"),
+            (vec!["--user", "1000:0"], "groups"),
+            (vec!["--user", "1000:999"], "groups"),
+            (vec!["--user", "1000:44"], "groups"),
+            (vec!["--userns=keep-id:gid=999"], "groups"),
             (vec!["--group-add", "keep-groups"], "groups"),
-            (vec!["--group-add", "44"], "ok"),
+            (vec!["--group-add", "44"], "groups"),
             (
                 vec!["--security-opt", "no-new-privileges=false"],
                 "security-opt",
@@ -1724,10 +1979,326 @@ mod tests {
             let mut full = vec!["run"];
             full.extend(argv.iter().copied());
             full.push("img");
-            assert_eq!(run(&p, &full).0, want, "{argv:?}");
+            let got = match check(&p, &full) {
+                Err(e) => rule_of(Err(e)),
+                Ok(()) => "ok".into(),
+            };
+            assert_eq!(got, want, "{argv:?}");
         }
-        p.allowed_users = vec!["0".into()];
-        assert_eq!(run(&p, &["run", "--user", "0", "img"]).0, "ok");
+    }
+
+    /// Runs `argv` under `p` and returns the rule (or `ok`), translation
+    /// refusals included.
+    fn rule(p: &Policy, argv: &[String]) -> String {
+        let mut full = vec!["run".to_string()];
+        full.extend(argv.iter().cloned());
+        full.push("img".into());
+        let full: Vec<&str> = full.iter().map(String::as_str).collect();
+        rule_of(check(p, &full))
+    }
+
+    fn strings(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// R-SEC-1 from the attacker's side: for the root group, the socket's
+    /// group and an ordinary number, every spelling and every name; the
+    /// allowed spellings of a number act as that number.
+    #[test]
+    fn uids_and_gids_are_numbers_refused_by_number_in_every_spelling() {
+        use crate::shim::translate::test_spellings as spellings;
+        const SOCKET: u32 = 999;
+        let names = [
+            "root",
+            "docker",
+            "ray",
+            "users",
+            "wheel",
+            "sudo",
+            "nogroup",
+            "0x0",
+            "0o0",
+            "0b0",
+            "-0",
+            "+0",
+            " ",
+            "keep-groups",
+            "0,999",
+            "999 ",
+        ];
+        let mut p = strict();
+        p.allowed_users = vec![105];
+        for n in [0, SOCKET, 105] {
+            for (s, is_number) in spellings(n) {
+                // --group-add: never, whatever the spelling.
+                assert_eq!(rule(&p, &strings(&["--group-add", &s])), "groups", "{s:?}");
+                // As a uid: only the listed 105, only as a number.
+                let want = if is_number && n == 105 { "ok" } else { "users" };
+                if !s.contains(':') {
+                    assert_eq!(rule(&p, &strings(&["--user", &s])), want, "--user {s:?}");
+                }
+                let keep = format!("--userns=keep-id:uid={s}");
+                assert_eq!(rule(&p, &strings(&[&keep])), want, "{keep:?}");
+                // As the gid of the caller's uid: never 0 nor the socket's;
+                // 105 is not the caller's group and 1000 is not listed.
+                let want = if is_number { "groups" } else { "users" };
+                let u = format!("1000:{s}");
+                assert_eq!(rule(&p, &strings(&["--user", &u])), want, "--user {u:?}");
+                // As the gid of the listed uid 105: 0 and the socket's
+                // are refused, 105 is allowed.
+                let u = format!("105:{s}");
+                let want = match (is_number, n) {
+                    (false, _) => "users",
+                    (true, 105) => "ok",
+                    (true, _) => "groups",
+                };
+                assert_eq!(rule(&p, &strings(&["--user", &u])), want, "--user {u:?}");
+            }
+        }
+        for name in names {
+            assert_eq!(
+                rule(&p, &strings(&["--group-add", name])),
+                "groups",
+                "{name:?}"
+            );
+            assert_eq!(rule(&p, &strings(&["--user", name])), "users", "{name:?}");
+            let u = format!("1000:{name}");
+            assert_eq!(rule(&p, &strings(&["--user", &u])), "users", "{u:?}");
+        }
+        // A bare uid gets the caller's gid, never the image's groups.
+        let argv: Vec<String> = strings(&["run", "--user", "0105", "img"]);
+        let Command::Run(o) = parse(&argv).unwrap() else {
+            panic!()
+        };
+        let ctx = Context {
+            uid: 1000,
+            gid: 100,
+            ..Default::default()
+        };
+        let b = translate(&o, &ctx).unwrap().body;
+        assert_eq!(b.user.as_deref(), Some("105:100"));
+        assert_eq!(b.host_config.unwrap().group_add, Some(vec![]));
+        // A body that did not come from the translation: names and other
+        // spellings in it are refused too.
+        for user in [
+            "ray",
+            "1000",
+            "01000:100",
+            "1000:0100",
+            "+1000:100",
+            "1000:100 ",
+        ] {
+            let body = ContainerCreateBody {
+                user: Some(user.into()),
+                ..Default::default()
+            };
+            assert_eq!(rule_of(p.check_body(&body)), "users", "{user:?}");
+        }
+        let body = ContainerCreateBody {
+            user: Some("1000:100".into()),
+            host_config: Some(bollard::models::HostConfig {
+                group_add: Some(vec!["44".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(rule_of(p.check_body(&body)), "groups");
+    }
+
+    #[test]
+    fn allowed_users_are_numbers_and_root_is_never_in_a_shared_pid_namespace() {
+        let with = |users: &str| {
+            let mut p =
+                Policy::from_env(|k| (k == "ARGUS_SHIM_ALLOWED_USERS").then(|| users.to_string()))
+                    .unwrap();
+            p.resolve(None, lexical);
+            p.caller = Some((1000, 100));
+            p.socket_gid = Some(999);
+            p
+        };
+        for bad in ["root", "0x0", "+0", "ray,0", "-1"] {
+            let e =
+                Policy::from_env(|k| (k == "ARGUS_SHIM_ALLOWED_USERS").then(|| bad.to_string()))
+                    .unwrap_err();
+            assert!(e.to_string().starts_with("ARGUS_SHIM_ALLOWED_USERS"), "{e}");
+        }
+        let p = with("0, 5");
+        assert_eq!(p.allowed_users, vec![0, 5]);
+        for u in ["0", "00", "0:100", "000:0100"] {
+            assert_eq!(rule(&p, &strings(&["--user", u])), "ok", "{u}");
+            for pid in ["--pid=host", "--pid=container:mine"] {
+                let mut q = p.clone();
+                q.owned_refs.insert("mine".into());
+                assert_eq!(
+                    rule(&q, &strings(&["--user", u, pid])),
+                    "no-root-shared-pid",
+                    "{u} {pid}"
+                );
+            }
+            assert_eq!(
+                rule(&p, &strings(&["--user", u, "--pid=private"])),
+                "ok",
+                "{u}"
+            );
+        }
+        assert_eq!(rule(&p, &strings(&["--user", "0:0"])), "groups");
+        assert_eq!(rule(&p, &strings(&["--user", "0:999"])), "groups");
+        assert_eq!(rule(&p, &strings(&["--user", "5:44"])), "ok");
+        assert_eq!(rule(&p, &strings(&["--user", "5:0"])), "groups");
+        assert_eq!(rule(&p, &strings(&["--user", "6"])), "users");
+        let keep = "--userns=keep-id:uid=0";
+        assert_eq!(
+            rule(&p, &strings(&[keep, "--pid=host"])),
+            "no-root-shared-pid"
+        );
+        // `*`: any uid but 0.
+        let p = with("*");
+        assert_eq!(rule(&p, &strings(&["--user", "5"])), "ok");
+        assert_eq!(rule(&p, &strings(&["--user", "0"])), "users");
+        // A root caller (the agent's own uid, a standalone shim run as
+        // root) is root already: its own identity is allowed, shared
+        // namespace or not.
+        let mut p = strict();
+        p.caller = Some((0, 0));
+        assert_eq!(rule(&p, &strings(&["--pid=host"])), "ok");
+        assert_eq!(rule(&p, &strings(&["-u", "0", "--pid=host"])), "ok");
+        // The Ray worker's own call, as the Ray user.
+        let argv = crate::shim::args::tests::ray_worker_argv();
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        assert_eq!(rule_of(check(&strict(), &argv)), "ok");
+    }
+
+    #[test]
+    fn env_file_lines_go_through_the_same_rules_as_env_values() {
+        let p = strict();
+        let run = |argv: &[&str], file: &str| {
+            let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+            let Command::Run(o) = parse(&argv).unwrap() else {
+                panic!()
+            };
+            let mut ctx = Context {
+                uid: 1000,
+                gid: 100,
+                env: vec![("ARGUS_SHIM_POLICY".into(), "default".into())],
+                ..Default::default()
+            };
+            ctx.env_files.insert("/f".into(), file.into());
+            let plan = translate(&o, &ctx).unwrap();
+            rule_of(
+                p.check_run(&o, &plan)
+                    .and_then(|()| p.check_body(&plan.body)),
+            )
+        };
+        for line in [
+            "ARGUS_SHIM_POLICY=relaxed",
+            "  ARGUS_SHIM_POLICY=relaxed",
+            "# c\nARGUS_SHIM_ALLOWED_BINDS=/",
+            "ARGUS_SHIM_POLICY",
+            "ARGUS_SHIM_*",
+            "ARGUS_*",
+            "*",
+        ] {
+            let from_file = run(&["run", "--env-file", "/f", "img"], line);
+            assert!(
+                from_file.contains("rule no-job-policy"),
+                "{line:?}: {from_file}"
+            );
+            let last = line.lines().last().unwrap().trim().to_string();
+            let from_flag = run(&["run", "-e", &last, "img"], "");
+            assert_eq!(from_file, from_flag, "{line:?}");
+        }
+        assert_eq!(
+            run(
+                &["run", "--env-file", "/f", "img"],
+                "NVIDIA_VISIBLE_DEVICES=0"
+            ),
+            "ok"
+        );
+        assert_eq!(
+            run(&["run", "--env-file", "/f", "img"], "ARGUS_X=1\nA=2"),
+            "ok"
+        );
+        assert_eq!(run(&["run", "--env-file", "/f", "img"], "ARGUS_X=1"), "ok");
+    }
+
+    /// Hole 10: the roots the agent resolved at start are the ones each
+    /// call uses; what a root resolves to later (a link the Ray user put
+    /// there) does not move them.
+    #[test]
+    fn bind_roots_resolved_at_start_are_not_resolved_again() {
+        let roots = r#"["/tmp/ray","/srv/models"]"#;
+        let mut p = Policy::from_env(|k| match k {
+            BIND_ROOTS_VAR => Some(roots.into()),
+            "ARGUS_SHIM_ALLOWED_BINDS" => Some("/tmp/ray:/srv/models".into()),
+            _ => None,
+        })
+        .unwrap();
+        // At the call, /tmp/ray has become a link to /var.
+        p.resolve(None, |path| {
+            Some(if path.starts_with("/tmp/ray") {
+                PathBuf::from("/var")
+            } else {
+                path.to_path_buf()
+            })
+        });
+        p.caller = Some((1000, 100));
+        assert_eq!(
+            rule(&p, &strings(&["-v", "/var/lib/dpkg:/d"])),
+            "binds (not under ARGUS_SHIM_ALLOWED_BINDS)"
+        );
+        assert_eq!(rule(&p, &strings(&["-v", "/tmp/ray:/d"])), "ok");
+        assert_eq!(rule(&p, &strings(&["-v", "/srv/models/m:/d"])), "ok");
+        // Without them (a standalone shim), the roots are resolved at the
+        // call: the same link then moves the root.
+        let mut q = p.clone();
+        q.start_roots = None;
+        q.resolve(None, |path| {
+            Some(if path.starts_with("/tmp/ray") {
+                PathBuf::from("/var")
+            } else {
+                path.to_path_buf()
+            })
+        });
+        assert_eq!(rule(&q, &strings(&["-v", "/var/lib/dpkg:/d"])), "ok");
+        for bad in ["[\"relative\"]", "/tmp/ray", "{}"] {
+            let e = Policy::from_env(|k| (k == BIND_ROOTS_VAR).then(|| bad.to_string()));
+            assert!(e.is_err(), "{bad}");
+        }
+        // The node's settings carry them, resolved by the agent.
+        let mut node = crate::shim::settings::NodeSettings::from_env(|k| match k {
+            "ARGUS_SHIM_ALLOWED_BINDS" => Some("/proc/self/root/tmp:/no-such-argus/ray".into()),
+            _ => None,
+        });
+        node.resolve_bind_roots();
+        assert_eq!(
+            node.bind_roots,
+            Some(vec![
+                PathBuf::from("/tmp"),
+                PathBuf::from("/no-such-argus/ray")
+            ])
+        );
+    }
+
+    #[test]
+    fn caller_limits_are_read_from_the_callers_proc_file() {
+        let text = std::fs::read_to_string("/proc/self/limits").unwrap();
+        let parsed = parse_proc_limits(&text);
+        assert_eq!(parsed, own_ulimits());
+        assert_eq!(parsed.len(), ULIMITS.len());
+        let other = "Limit                     Soft Limit           Hard Limit           Units\n\
+                     Max open files            1024                 4096                 files\n\
+                     Max locked memory         unlimited            unlimited            bytes\n\
+                     Max processes             bogus                12                   processes\n";
+        let l = parse_proc_limits(other);
+        assert_eq!(l.get("nofile"), Some(&4096));
+        assert_eq!(l.get("memlock"), Some(&-1));
+        assert_eq!(l.get("nproc"), Some(&12));
+        assert_eq!(l.len(), 3);
+        let mut p = strict();
+        p.caller_ulimits = l;
+        assert_eq!(rule(&p, &strings(&["--ulimit", "nofile=1024:4096"])), "ok");
+        assert_eq!(rule(&p, &strings(&["--ulimit", "nofile=8192"])), "ulimits");
+        assert_eq!(rule(&p, &strings(&["--ulimit", "stack=1"])), "ulimits");
     }
 
     #[test]

@@ -106,6 +106,29 @@ pub fn resolve(path: &Path) -> Result<PathBuf, ResolveError> {
     Ok(out)
 }
 
+/// Returns `path` (absolute) resolved like [`resolve`] as far as it
+/// exists, with the missing rest appended as it is written: an allowed
+/// bind root resolved at the node's start, before Ray has made it
+/// (`/tmp/ray`). The rest then names only the real folder that may be made
+/// there later: a bind is compared, fully resolved, against this path, so
+/// a link put there later leads outside it. None when the missing rest
+/// holds `.` or `..` (it cannot be written down without resolving it) or
+/// the existing part cannot be resolved.
+pub fn resolve_root(path: &Path) -> Option<PathBuf> {
+    for base in path.ancestors() {
+        match resolve(base) {
+            Ok(r) => {
+                let rest = path.strip_prefix(base).ok()?;
+                let plain = rest.components().all(|c| matches!(c, Component::Normal(_)));
+                return plain.then(|| r.join(rest));
+            }
+            Err(ResolveError::Missing { .. }) => continue,
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
 /// Returns the components of `p` that name something (`.` and `..` kept,
 /// the root dropped), last first.
 fn components_rev(p: &Path) -> Vec<PathBuf> {
@@ -157,6 +180,30 @@ mod tests {
             resolve(&d.path().join("l/tmp")).unwrap(),
             PathBuf::from("/tmp")
         );
+    }
+
+    #[test]
+    fn a_root_resolves_as_far_as_it_exists_and_keeps_the_missing_rest() {
+        let d = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(d.path()).unwrap();
+        std::fs::create_dir(base.join("real")).unwrap();
+        symlink(base.join("real"), base.join("link")).unwrap();
+        // Existing: the link resolved, once.
+        assert_eq!(resolve_root(&base.join("link")), Some(base.join("real")));
+        // Missing below a link: the link resolved, the rest as written.
+        assert_eq!(
+            resolve_root(&base.join("link/ray/x")),
+            Some(base.join("real/ray/x"))
+        );
+        // A dangling link: its folder resolved, its name kept; what it
+        // points at is not followed.
+        symlink(base.join("nowhere"), base.join("dangling")).unwrap();
+        assert_eq!(
+            resolve_root(&base.join("dangling")),
+            Some(base.join("dangling"))
+        );
+        assert_eq!(resolve_root(&base.join("missing/../x")), None);
+        assert_eq!(resolve_root(Path::new("/")), Some(PathBuf::from("/")));
     }
 
     #[test]

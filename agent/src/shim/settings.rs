@@ -52,10 +52,21 @@ pub const VARIABLES: &[&str] = &[
     "DOCKER_HOST",
 ];
 
-/// The node's values of [`VARIABLES`] (unset ones absent).
+/// The node's values of [`VARIABLES`] (unset ones absent), and the bind
+/// roots the agent resolved from them at its start.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct NodeSettings {
     pub values: BTreeMap<String, String>,
+    /// The allowed bind roots (`ARGUS_SHIM_ALLOWED_BINDS` or the defaults)
+    /// resolved once, by the agent (root) at its start, to canonical paths
+    /// in the Ray container ([`NodeSettings::resolve_bind_roots`]). Every
+    /// call compares its binds with these and never resolves the roots
+    /// again: a root is, or its folder is, often the Ray user's (`/tmp/ray`,
+    /// `/private`), who could otherwise turn it into a link to `/var` at
+    /// will. None: settings written by an older agent (each call resolves
+    /// the roots itself, as before).
+    #[serde(default)]
+    pub bind_roots: Option<Vec<PathBuf>>,
 }
 
 /// Why the node's settings could not be read.
@@ -86,7 +97,23 @@ impl NodeSettings {
                 .iter()
                 .filter_map(|&k| get(k).map(|v| (k.to_string(), v)))
                 .collect(),
+            bind_roots: None,
         }
+    }
+
+    /// Resolves the allowed bind roots of these settings, in this process's
+    /// view of the file system (the agent's, at its start, as root): each
+    /// root as far as it exists, the missing rest as written
+    /// ([`super::resolve::resolve_root`]); a root that cannot be resolved
+    /// allows nothing. Settings the policy cannot read leave the roots
+    /// unresolved (every call then fails on them, naming the variable).
+    pub fn resolve_bind_roots(&mut self) {
+        let get = |k: &str| self.values.get(k).cloned();
+        self.bind_roots = super::policy::allowed_binds(get).ok().map(|l| {
+            l.iter()
+                .filter_map(|p| super::resolve::resolve_root(Path::new(p)))
+                .collect()
+        });
     }
 
     /// Writes the settings to `dir`/[`FILE`] atomically (a reader never sees
@@ -169,6 +196,14 @@ pub fn locate() -> Source {
 /// before the watchdog and the runtime): the environment is not
 /// thread-safe.
 pub fn apply(node: &NodeSettings) -> Vec<&'static str> {
+    // The roots resolved at the node's start, never the caller's.
+    match &node.bind_roots {
+        Some(l) => std::env::set_var(
+            super::policy::BIND_ROOTS_VAR,
+            serde_json::to_string(l).unwrap_or_default(),
+        ),
+        None => std::env::remove_var(super::policy::BIND_ROOTS_VAR),
+    }
     let differ = node.differences(|k| std::env::var(k).ok());
     let mut overridden = Vec::new();
     for &k in &differ {

@@ -82,7 +82,7 @@ pub fn run(flags: &Flags) -> Outcome {
     )]);
     // The shim takes its settings from this node, never from the caller's
     // environment (which a job's runtime_env env_vars reach).
-    let shim_settings = argus::shim::settings::NodeSettings::from_env(|k| match k {
+    let mut shim_settings = argus::shim::settings::NodeSettings::from_env(|k| match k {
         "ARGUS_STATE_DIR" => Some(cfg.state_dir.display().to_string()),
         "ARGUS_SHARED_ROOT" => Some(cfg.shared_root.display().to_string()),
         k => cfg
@@ -92,6 +92,9 @@ pub fn run(flags: &Flags) -> Outcome {
             .cloned()
             .or_else(|| std::env::var(k).ok()),
     });
+    // The bind roots are resolved here, once, as this process (root) sees
+    // them at start: no call resolves them again (see NodeSettings).
+    shim_settings.resolve_bind_roots();
     let path = shim_settings.write(&cfg.state_dir)?;
     // A host node's owner id is created here, by the agent, not by the
     // first podman call (which may run as a user that cannot write here).

@@ -11,6 +11,17 @@ use super::{BindCopy, Context, Plan, TranslateError};
 use crate::shim::args::RunOpts;
 use crate::shim::selfid::{to_host, HostPath};
 
+/// The refusal of a path that holds a `:` (see [`apply_binds`]).
+fn smuggled(path: &str) -> TranslateError {
+    TranslateError::Refused {
+        flag: "--volume/--mount".into(),
+        value: path.into(),
+        rule: "binds",
+        why:
+            "a `:` in a bind's source or target would be read by Docker as the start of its options",
+    }
+}
+
 /// Translates `-v` and `--tmpfs` into binds and tmpfs mounts.
 pub fn apply_binds(
     o: &RunOpts,
@@ -21,6 +32,13 @@ pub fn apply_binds(
     let me = ctx.me.as_ref();
     let mut binds = Vec::new();
     for v in &o.volumes {
+        // Docker splits a bind on `:`: one in a source or target would
+        // smuggle options (`target=/x:rshared`, `:z`) past the checks.
+        for p in [&v.source, &v.target] {
+            if p.contains(':') {
+                return Err(smuggled(p));
+            }
+        }
         if v.source.is_empty() || !v.is_path() {
             // Anonymous or named volume: a name on the host daemon.
             let mut spec = if v.source.is_empty() {
@@ -73,6 +91,9 @@ pub fn apply_binds(
                 via_volume,
                 ..
             } => {
+                if path.contains(':') {
+                    return Err(smuggled(&path));
+                }
                 let mut opts: Vec<String> = v
                     .options
                     .iter()

@@ -1,4 +1,6 @@
 //! Environment: `--env-host`, proxies, env files, then `-e` (last wins).
+//! Env-file lines and `-e` values are one list (`Plan::job_env`), so the
+//! policy's rules see both the same way.
 
 use bollard::models::HostConfig;
 
@@ -46,7 +48,7 @@ pub fn apply_env(
         entries.extend(parse_env_file(text));
     }
     entries.extend(o.env.iter().cloned());
-    for e in entries {
+    for e in &entries {
         match e.split_once('=') {
             Some((k, v)) => {
                 let v = match unexpanded_ray_var(v) {
@@ -60,12 +62,13 @@ pub fn apply_env(
                     for (k, v) in ctx.env.iter().filter(|(k, _)| k.starts_with(prefix)) {
                         set_env(env, k, v);
                     }
-                } else if let Some(v) = ctx.getenv(&e) {
-                    set_env(env, &e, v);
+                } else if let Some(v) = ctx.getenv(e) {
+                    set_env(env, e, v);
                 }
             }
         }
     }
+    plan.job_env = entries;
     Ok(())
 }
 

@@ -24,6 +24,9 @@ use std::collections::HashMap;
 use bollard::models::{ContainerCreateBody, HostConfig};
 
 pub use env::parse_env_file;
+pub use user::parse_id;
+#[cfg(test)]
+pub use user::spellings as test_spellings;
 
 use super::args::RunOpts;
 use super::labels::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
@@ -58,6 +61,16 @@ pub enum TranslateError {
     Unresolved { path: String },
     #[error("--env-file {path}: {reason}")]
     EnvFile { path: String, reason: String },
+    /// A value no policy setting can allow (the identity rules of R-SEC-1,
+    /// a bind the daemon would parse differently): refused under every
+    /// policy, naming the rule.
+    #[error("policy: {flag} {value} is refused (rule {rule}: {why})")]
+    Refused {
+        flag: String,
+        value: String,
+        rule: &'static str,
+        why: &'static str,
+    },
 }
 
 /// What the shim knows about its surroundings.
@@ -110,6 +123,10 @@ pub struct Plan {
     pub warnings: Vec<String>,
     /// The container's environment as it is built (last set wins).
     pub env: Vec<(String, String)>,
+    /// The job's own entries, from `--env-file` lines and `-e` values in
+    /// that order, as given (`K=V`, `K` or `PREFIX*`): the policy's
+    /// environment rules read these, whichever flag they came from.
+    pub job_env: Vec<String>,
 }
 
 /// Sets `k=v` in `env`, replacing an earlier value.
@@ -126,7 +143,6 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
         plan.warnings
             .push(format!("{f} has no meaning on Docker and is ignored"));
     }
-    plan.body.user = o.user.clone();
     plan.body.hostname = o.hostname.clone();
     let mut hc = HostConfig::default();
     env::apply_env(o, ctx, &mut hc, &mut plan)?;
@@ -433,6 +449,145 @@ mod tests {
         );
     }
 
+    /// Hole 13: every spelling Docker's CLI reads as read-only is read-only
+    /// here, every one it reads as writable is writable, and anything else
+    /// is refused; never one taken for the other.
+    #[test]
+    fn read_only_spellings_mean_what_docker_reads() {
+        let binds = |argv: &[&str]| -> Result<Vec<String>, String> {
+            let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+            let o = match parse(&argv).map_err(|e| e.to_string())? {
+                Command::Run(o) => o,
+                _ => panic!(),
+            };
+            let plan = translate(&o, &ctx(None)).map_err(|e| e.to_string())?;
+            Ok(plan.body.host_config.unwrap().binds.unwrap_or_default())
+        };
+        let mount = |opt: &str| {
+            binds(&[
+                "run",
+                "--mount",
+                &format!("type=bind,src=/srv/m,dst=/m{opt}"),
+                "i",
+            ])
+        };
+        for opt in [
+            ",readonly",
+            ",ro",
+            ",readonly=true",
+            ",readonly=1",
+            ",ro=true",
+            ",ro=1",
+            ",readonly=t",
+            ",readonly=T",
+            ",readonly=TRUE",
+            ",readonly=True",
+        ] {
+            assert_eq!(mount(opt), Ok(vec!["/srv/m:/m:ro".to_string()]), "{opt}");
+        }
+        for opt in [
+            "",
+            ",readonly=false",
+            ",readonly=0",
+            ",ro=f",
+            ",ro=F",
+            ",readonly=FALSE",
+            ",readonly=False",
+        ] {
+            assert_eq!(mount(opt), Ok(vec!["/srv/m:/m".to_string()]), "{opt}");
+        }
+        for opt in [
+            ",readonly=yes",
+            ",readonly=on",
+            ",ro=2",
+            ",readonly=",
+            ",ro=tRuE",
+            ",ro,readonly=false",
+            ",ro=false,ro",
+        ] {
+            assert!(mount(opt).is_err(), "{opt}: {:?}", mount(opt));
+        }
+        assert_eq!(
+            binds(&["run", "-v", "/srv/m:/m:ro", "i"]),
+            Ok(vec!["/srv/m:/m:ro".to_string()])
+        );
+        assert!(binds(&["run", "-v", "/srv/m:/m:ro,rw", "i"]).is_err());
+        assert!(binds(&["run", "-v", "/srv/m:/m:readonly", "i"]).is_err());
+        // SELinux relabels never reach the daemon (a relabel of a host path
+        // is a write to it); Ray's own probe sends `:Z`.
+        for spec in ["/srv/m:/m:z", "/srv/m:/m:Z", "/srv/m:/m:ro,Z"] {
+            let b = binds(&["run", "-v", spec, "i"]).unwrap();
+            assert!(
+                b.iter()
+                    .all(|b| !b.split(':').nth(2).unwrap_or("").contains(['z', 'Z'])),
+                "{spec}: {b:?}"
+            );
+        }
+        for opt in [",z", ",Z", ",relabel=shared", ",relabel=private"] {
+            assert_eq!(mount(opt), Ok(vec!["/srv/m:/m".to_string()]), "{opt}");
+        }
+    }
+
+    /// Hole 9: a `:` in a source or target would be Docker's options
+    /// separator; a propagation mode only through its own, checked key.
+    #[test]
+    fn nothing_is_smuggled_into_a_bind_through_a_colon() {
+        let translated = |argv: &[&str]| -> Result<Plan, String> {
+            let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+            let o = match parse(&argv).map_err(|e| e.to_string())? {
+                Command::Run(o) => o,
+                _ => panic!(),
+            };
+            translate(&o, &ctx(None)).map_err(|e| e.to_string())
+        };
+        for spec in [
+            "type=bind,src=/srv/m,dst=/x:rshared",
+            "type=bind,src=/srv/m,target=/x:shared",
+            "type=bind,src=/srv/m,dst=/x:z",
+            "type=bind,src=/srv/m,dst=/x:ro:rshared",
+            "type=bind,src=/srv/m:/etc,dst=/x",
+            "type=bind,src=/srv/m:rshared,dst=/x",
+            "type=volume,src=cache,dst=/x:rshared",
+            "type=tmpfs,dst=/x:suid",
+            "type=bind,src=/srv/m,dst=/x,bind-propagation=z",
+            "type=bind,src=/srv/m,dst=/x,bind-propagation=RSHARED",
+            "type=bind,src=/srv/m,dst=/x,bind-propagation=ro",
+        ] {
+            let r = translated(&["run", "--mount", spec, "i"]);
+            assert!(r.is_err(), "{spec}: {:?}", r.map(|p| p.body.host_config));
+        }
+        for spec in ["/srv/m:/x:rshared:z", "/srv/m::/x", "/srv/m:x:ro"] {
+            assert!(translated(&["run", "-v", spec, "i"]).is_err(), "{spec}");
+        }
+        // A canonical source that holds a `:` (a folder named so).
+        let argv: Vec<String> = ["run", "-v", "/srv/m:/x", "i"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let Command::Run(o) = parse(&argv).unwrap() else {
+            panic!()
+        };
+        let mut c = ctx(None);
+        c.canonical
+            .insert("/srv/m".into(), "/srv/a:/etc:rshared".into());
+        assert!(matches!(
+            super::translate(&o, &c),
+            Err(TranslateError::Refused { rule: "binds", .. })
+        ));
+        // The explicit key is kept, for the policy to check.
+        let p = translated(&[
+            "run",
+            "--mount",
+            "type=bind,src=/srv/m,dst=/x,bind-propagation=rprivate",
+            "i",
+        ])
+        .unwrap();
+        assert_eq!(
+            p.body.host_config.unwrap().binds.unwrap(),
+            vec!["/srv/m:/x:rprivate".to_string()]
+        );
+    }
+
     #[test]
     fn gpus_are_limited_to_the_callers() {
         let me = fixture("ray-node-inspect.json");
@@ -522,10 +677,6 @@ mod tests {
             "host",
             "--cpuset-cpus",
             "0-1",
-            "--group-add",
-            "keep-groups",
-            "--group-add",
-            "video",
             "--log-driver",
             "json-file",
             "--log-opt",
@@ -540,7 +691,14 @@ mod tests {
         );
         assert_eq!(hc.restart_policy.unwrap().maximum_retry_count, Some(3));
         assert_eq!(hc.cpuset_cpus.as_deref(), Some("0-1"));
-        assert_eq!(hc.group_add.unwrap(), vec!["27", "100", "video"]);
+        // No supplementary group, explicitly (see `user`).
+        assert_eq!(hc.group_add.unwrap(), Vec::<String>::new());
+        for g in ["keep-groups", "video", "27"] {
+            assert!(matches!(
+                translate(&run_opts(&["run", "--group-add", g, "i"]), &c),
+                Err(TranslateError::Refused { rule: "groups", .. })
+            ));
+        }
         assert_eq!(hc.log_config.unwrap().config.unwrap()["max-size"], "1m");
         assert!(translate(&run_opts(&["run", "--rm", "--restart", "always", "i"]), &c).is_err());
         assert!(translate(&run_opts(&["run", "--ulimit", "nofile", "i"]), &c).is_err());
