@@ -10,12 +10,17 @@
 //!   with a control that the same prober does list it for a dumpable root
 //!   process.
 
-use std::os::unix::fs::FileTypeExt;
+mod shim_support;
+mod support;
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_argus-agent");
+use serde_json::Value;
+use shim_support::{image, BIN};
+use support::{Agent, Sandbox};
 
 /// The capabilities of root in a Docker container, as far as this test
 /// needs them: everything but CAP_SYS_PTRACE (Docker's default set lacks
@@ -132,4 +137,107 @@ fn root_argus_agent_processes_are_not_dumpable() {
             "argus-agent {args:?} (root) is dumpable: a root process without CAP_SYS_PTRACE listed its /proc/<pid>/root"
         );
     }
+}
+
+/// The host's Docker socket bind-mounted into a fresh root-only folder
+/// (the node image's layout); unmounted on drop.
+struct SocketInRootOnlyFolder {
+    dir: tempfile::TempDir,
+}
+
+impl SocketInRootOnlyFolder {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let sock = dir.path().join("docker.sock");
+        std::fs::write(&sock, "").unwrap();
+        let host = std::fs::canonicalize("/var/run/docker.sock").unwrap();
+        let o = Command::new("mount")
+            .arg("--bind")
+            .arg(&host)
+            .arg(&sock)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "mount --bind {host:?} {sock:?}: {o:?}");
+        Self { dir }
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("docker.sock")
+    }
+}
+
+impl Drop for SocketInRootOnlyFolder {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.path()).status();
+    }
+}
+
+#[test]
+fn podman_works_through_the_agent_with_the_socket_in_a_root_only_folder() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (CI runs as root): it runs the agent as root"
+    );
+    let img = image();
+    let sb = Sandbox::new();
+    for d in [sb.path().to_path_buf(), sb.shared(), sb.bindir()] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    }
+    let bindir = sb.path().join("podman-bin");
+    std::fs::create_dir_all(&bindir).unwrap();
+    std::os::unix::fs::symlink(BIN, bindir.join("podman")).unwrap();
+    let sock = SocketInRootOnlyFolder::new();
+    let script = sb.path().join("worker.py");
+    std::fs::write(
+        &script,
+        r#"
+import json, os, socket, subprocess
+out = {}
+def attempt(f):
+    try:
+        f()
+        return "ok"
+    except Exception as e:
+        return type(e).__name__
+out["socket"] = attempt(lambda: socket.socket(socket.AF_UNIX).connect(os.environ["SOCK"]))
+out["stat"] = attempt(lambda: os.stat(os.environ["SOCK"]))
+r = subprocess.run([os.environ["PODMAN"], "run", "--rm", os.environ["IMG"], "/bin/tool", "id"], capture_output=True, text=True)
+out["podman"] = {"code": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
+print(json.dumps(out))
+"#,
+    )
+    .unwrap();
+    let out = sb.path().join("worker.json");
+    let mut env = sb.env("head", "head");
+    env.insert("ARGUS_RAY_USER".into(), "65534:65534".into());
+    env.insert(
+        "DOCKER_HOST".into(),
+        format!("unix://{}", sock.path().display()),
+    );
+    env.insert("SOCK".into(), sock.path().display().to_string());
+    env.insert(
+        "FAKE_RAY_RUN".into(),
+        format!("python3 {}", script.display()),
+    );
+    env.insert("FAKE_RAY_RUN_OUT".into(), out.display().to_string());
+    env.insert("PODMAN".into(), bindir.join("podman").display().to_string());
+    env.insert("IMG".into(), img.to_string());
+    let mut agent = Agent::start(&sb, "head", &env);
+    agent.wait_for("the worker's report", Duration::from_secs(120), |_| {
+        out.exists()
+    });
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let w: Value = serde_json::from_str(r["stdout"].as_str().unwrap_or("null"))
+        .unwrap_or_else(|e| panic!("{e}: worker said {r}"));
+    eprintln!("worker: {w}");
+    agent.signal(libc::SIGTERM);
+    agent.wait_exit(Duration::from_secs(30));
+    assert_eq!(w["socket"], "PermissionError", "{w}");
+    assert_eq!(w["stat"], "PermissionError", "{w}");
+    assert_eq!(
+        w["podman"]["code"], 0,
+        "podman through the agent failed: {w}"
+    );
+    assert_eq!(w["podman"]["stdout"], "65534:65534\n", "{w}");
 }

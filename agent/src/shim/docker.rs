@@ -25,6 +25,40 @@ pub fn socket_path(addr: &str) -> Option<&str> {
         .or_else(|| addr.starts_with('/').then_some(addr))
 }
 
+/// The node's Docker socket as the handler opened it while still root:
+/// its path and an `O_PATH` descriptor of it. The socket sits in a folder
+/// only root can enter (SPEC R-SEC-4), so the handler, once it runs as its
+/// caller (with the socket's group), reaches it only through this
+/// descriptor (`/proc/self/fd/N`: the kernel follows that link to the
+/// socket without searching the folder, and still checks the socket's own
+/// permission at `connect`). A process-wide value the handler sets once,
+/// never the caller's environment.
+static HELD_SOCKET: std::sync::OnceLock<(String, std::os::fd::OwnedFd)> =
+    std::sync::OnceLock::new();
+
+/// Opens the socket at `path` with `O_PATH` and keeps it for every later
+/// connection to that path by this process and its forks (the watchdog).
+pub fn hold_socket(path: &str) -> std::io::Result<()> {
+    use nix::fcntl::{open, OFlag};
+    let fd = open(
+        path,
+        OFlag::O_PATH | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let _ = HELD_SOCKET.set((path.to_string(), fd));
+    Ok(())
+}
+
+/// Returns the path to connect to for the socket `path`: the held
+/// descriptor's link when `path` is the held socket.
+fn connect_path(path: &str) -> String {
+    use std::os::fd::AsRawFd;
+    match HELD_SOCKET.get() {
+        Some((held, fd)) if held == path => format!("/proc/self/fd/{}", fd.as_raw_fd()),
+        _ => path.to_string(),
+    }
+}
+
 /// Connects to `addr` and negotiates the API version down to the daemon's
 /// (bollard speaks 1.49; this machine's 20.10 daemon speaks 1.41).
 pub async fn connect_to(addr: &str) -> Result<Docker, ShimError> {
@@ -33,7 +67,8 @@ pub async fn connect_to(addr: &str) -> Result<Docker, ShimError> {
         source,
     };
     let docker = if let Some(path) = socket_path(addr) {
-        Docker::connect_with_unix(path, 120, bollard::API_DEFAULT_VERSION).map_err(err)?
+        Docker::connect_with_unix(&connect_path(path), 120, bollard::API_DEFAULT_VERSION)
+            .map_err(err)?
     } else if addr.starts_with("tcp://") || addr.starts_with("http://") {
         Docker::connect_with_http(addr, 120, bollard::API_DEFAULT_VERSION).map_err(err)?
     } else {

@@ -93,6 +93,16 @@ fn become_client(sock: &UnixStream, settings: &Path) -> Result<Vec<String>, Stri
     let node = NodeSettings::read(settings).map_err(|e| e.to_string())?;
     if nix::unistd::geteuid().is_root() && uid != 0 {
         let socket_gid = docker_socket_gid(&node);
+        // While still root: the socket's folder is root's alone.
+        if let Some(path) = node
+            .values
+            .get("DOCKER_HOST")
+            .map_or(Some("/var/run/docker.sock"), |h| h.strip_prefix("unix://"))
+        {
+            if let Err(e) = super::docker::hold_socket(path) {
+                return Err(format!("cannot open the Docker socket {path}: {e}"));
+            }
+        }
         // SAFETY: plain credential system calls on this process; the only
         // other thread that may exist is none (the handler is new).
         let ok = unsafe {
