@@ -353,3 +353,73 @@ fn stalled_clients_never_block_a_real_call_and_are_dropped_in_time() {
         .expect("agent exit");
     assert_eq!(status.code(), Some(0));
 }
+
+/// Issue 26, hole 7, through the broker: a detached run by the Ray user
+/// (no root, no socket) is recorded by PID 1 under its full ID, from the
+/// handler's report, and the node-stop sweep removes exactly it.
+#[test]
+fn pid1_records_what_a_brokered_run_created_and_the_stop_sweep_removes_it() {
+    let img = image();
+    let sb = Sandbox::new();
+    // The fake ray runs as nobody and writes here (a Ray that fails would
+    // end the node's calls with it).
+    std::fs::set_permissions(sb.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let mut env = sb.env("head", "head");
+    env.insert("ARGUS_RAY_USER".into(), RAY_USER.into());
+    let mut agent = Agent::start(&sb, "head", &env);
+    let sock = agent.state_dir.join("shim.sock");
+    agent.wait_for("the broker's socket", Duration::from_secs(60), |_| {
+        sock.exists()
+    });
+    let bindir = sb.path().join("podman-bin");
+    std::fs::create_dir_all(&bindir).unwrap();
+    std::os::unix::fs::symlink(BIN, bindir.join("podman")).unwrap();
+    let label = shim_support::unique("recorded");
+    let o = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(bindir.join("podman"))
+        .args([
+            "run",
+            "-d",
+            "--label",
+            &label,
+            img,
+            "/bin/tool",
+            "sleep",
+            "60",
+        ])
+        .env("ARGUS_STATE_DIR", &agent.state_dir)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert!(
+        o.status.success() && id.len() == 64,
+        "{o:?}\n{}",
+        agent.log()
+    );
+    let record = agent.state_dir.join("shim-created").join(&id);
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while !record.exists() {
+        assert!(
+            std::time::Instant::now() < until,
+            "PID 1 did not record {id}:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let meta = std::fs::symlink_metadata(&record).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(meta.uid(), 0, "the record is root's");
+    agent.signal(libc::SIGTERM);
+    agent
+        .wait_exit(Duration::from_secs(30))
+        .expect("agent exit");
+    let left = shim_support::containers_with(&label);
+    shim_support::force_remove(&left);
+    assert!(
+        left.is_empty(),
+        "the node-stop sweep left {left:?}\n{}",
+        agent.log()
+    );
+}
