@@ -135,6 +135,7 @@ async fn create(
     docker: &Docker,
     o: &RunOpts,
     body: ContainerCreateBody,
+    shown: &str,
 ) -> Result<String, ShimError> {
     let mut b = CreateContainerOptionsBuilder::new();
     if let Some(n) = &o.name {
@@ -149,10 +150,7 @@ async fn create(
         .create_container(Some(b.build()), body)
         .await
         .map(|r| r.id)
-        .map_err(ShimError::docker(format!(
-            "create container from {}",
-            o.image
-        )))?;
+        .map_err(ShimError::docker(format!("create container from {shown}")))?;
     super::report::note_created();
     super::report::note_created_id(&id);
     janitor::record_created(&id);
@@ -424,6 +422,8 @@ pub async fn run(mut o: RunOpts) -> Result<u8, ShimError> {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(p).ok().map(|m| m.gid())
     });
+    // The caller's spelling, for messages; `o.image` becomes the full ID.
+    let shown = o.image.clone();
     resolve_image(&docker, &mut o, &mut policy).await?;
     let ctx = context(&docker, &o, me).await?;
     let refs = resolve_refs(&docker, &mut o, &ctx.owner, policy.relaxed).await?;
@@ -441,7 +441,7 @@ pub async fn run(mut o: RunOpts) -> Result<u8, ShimError> {
             }
         });
     }
-    let code = checked_run(&docker, &policy, &o, &ctx, refs.replace.as_deref()).await;
+    let code = checked_run(&docker, &policy, &o, &ctx, refs.replace.as_deref(), &shown).await;
     stop_tasks(&stop, &tasks).await;
     code
 }
@@ -454,6 +454,7 @@ async fn checked_run(
     o: &RunOpts,
     ctx: &Context,
     replace: Option<&str>,
+    shown: &str,
 ) -> Result<u8, ShimError> {
     let plan = translate::translate(o, ctx)?;
     for w in &plan.warnings {
@@ -463,7 +464,7 @@ async fn checked_run(
     policy.check_body(&plan.body)?;
     if policy.relaxed {
         tracing::warn!(
-            image = %o.image,
+            image = %shown,
             "ARGUS_SHIM_POLICY=relaxed: this container is not checked against the default policy"
         );
     }
@@ -471,7 +472,7 @@ async fn checked_run(
     if let Some(id) = replace {
         docker::remove(docker, id).await;
     }
-    let id = create(docker, o, plan.body.clone()).await?;
+    let id = create(docker, o, plan.body.clone(), shown).await?;
     let code = run_created(docker, o, &plan.copies, &id).await;
     // Detached --rm is Docker's AutoRemove, unless the start failed.
     if o.rm && (!o.detach || !matches!(code, Ok(0))) {
