@@ -66,7 +66,10 @@ fn stop_removes_engines(ray_ignores_term: bool) {
             "sleep",
             "120",
         ])
-        .env("ARGUS_SHIM_SELF_ID", &ray_container),
+        .env("ARGUS_SHIM_SELF_ID", &ray_container)
+        // The node's state folder: the shim records what it created there
+        // (the agent's janitor removes only that, issue 26 hole 7).
+        .env("ARGUS_STATE_DIR", &env["ARGUS_STATE_DIR"]),
     );
     assert!(o.status.success(), "{}", shim_support::show(&o));
     assert_eq!(shim_support::containers_with(&engine_label).len(), 1);

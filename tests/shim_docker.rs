@@ -270,11 +270,12 @@ fn detached_run_and_the_other_subcommands() {
         "{}",
         show(&o)
     );
-    let o = output(&mut podman(&[
-        "images",
-        "--format",
-        "{{.Id}} {{json .RepoTags}}",
-    ]));
+    // `images` shows the images this node may see: those the allow-list
+    // names (issue 26, hole 12).
+    let o = output(
+        podman(&["images", "--format", "{{.Id}} {{json .RepoTags}}"])
+            .env("ARGUS_SHIM_ALLOWED_IMAGES", img),
+    );
     assert!(stdout(&o).contains(img), "{}", show(&o));
     let o = output(&mut podman(&["version", "--format", "json"]));
     let v: serde_json::Value =
@@ -309,22 +310,30 @@ fn subcommands_refuse_containers_the_shim_does_not_own() {
     assert!(o.status.success(), "{}", show(&o));
     let _g = scopeguard(vec![name.clone()]);
     let pid_ns = format!("container:{name}");
-    for args in [
-        vec!["rm", "-f", &name],
-        vec!["kill", &name],
-        vec!["logs", &name],
-        vec!["run", "--rm", "--replace", "--name", &name, img, "true"],
-        vec!["run", "--rm", "--pid", &pid_ns, img, "true"],
-        vec!["run", "--rm", "--network", &pid_ns, img, "true"],
+    // Not ours reads as no such container (R-SEC-3).
+    for (args, code, says) in [
+        (vec!["rm", "-f", &name], 1, "no such container"),
+        (vec!["kill", &name], 1, "no such container"),
+        (vec!["logs", &name], 125, "no such container"),
+        (
+            vec!["run", "--rm", "--replace", "--name", &name, img, "true"],
+            125,
+            "owned-containers-only",
+        ),
+        (
+            vec!["run", "--rm", "--pid", &pid_ns, img, "true"],
+            125,
+            "namespaces",
+        ),
+        (
+            vec!["run", "--rm", "--network", &pid_ns, img, "true"],
+            125,
+            "namespaces",
+        ),
     ] {
         let o = output(&mut podman(&args));
-        assert_eq!(o.status.code(), Some(125), "{args:?}: {}", show(&o));
-        let rule = if args.contains(&"--replace") || args[0] != "run" {
-            "owned-containers-only"
-        } else {
-            "namespaces"
-        };
-        assert!(stderr(&o).contains(rule), "{}", show(&o));
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {}", show(&o));
+        assert!(stderr(&o).contains(says), "{}", show(&o));
     }
     assert!(
         docker(&["inspect", &name]).status.success(),
@@ -777,4 +786,239 @@ fn run_rm_racing_another_remover_stays_silent() {
         show(&o)
     );
     assert!(containers_with(&label).is_empty());
+}
+
+/// Returns `text` with the reference `r` (quoted, or after `container:`)
+/// written `<ref>`, to compare answers about different references.
+fn unref(text: &str, r: &str) -> String {
+    text.replace(&format!("\"{r}\""), "\"<ref>\"")
+        .replace(&format!("container:{r} "), "container:<ref> ")
+        .replace(&format!("container:{r}\n"), "container:<ref>\n")
+}
+
+/// R-SEC-3: every spelling of a foreign container's ID (prefixes of
+/// lengths 1 to 64, upper case, with a leading `/`, its name) gets the
+/// answer a name no container has gets, and touches nothing: F is still
+/// there and runs, nothing joined its namespaces. A `--name` that reads as
+/// an ID prefix is refused, whatever its case, and creates nothing.
+#[test]
+fn foreign_container_spellings_get_the_no_such_answer_and_touch_nothing() {
+    let img = image();
+    let label = unique("spell");
+    let lbl = label.clone();
+    let fname = unique("foreign-spell");
+    let o = docker(&[
+        "run",
+        "-d",
+        "--name",
+        &fname,
+        "--label",
+        &lbl,
+        img,
+        "/bin/tool",
+        "trap",
+    ]);
+    assert!(o.status.success(), "{}", show(&o));
+    let f = stdout(&o).trim().to_string();
+    let _g = scopeguard(vec![f.clone()]);
+    let mut spellings: Vec<String> = (1..=64).map(|n| f[..n].to_string()).collect();
+    spellings.extend([12, 20, 64].map(|n| f[..n].to_ascii_uppercase()));
+    spellings.extend([format!("/{}", &f[..12]), fname.clone(), format!("/{fname}")]);
+    let absent = unique("never-created");
+    let answer = |cmd: &[&str], name: &str| {
+        let mut args = cmd.to_vec();
+        args.push(name);
+        let o = output(&mut podman(&args));
+        (o.status.code(), unref(&stderr(&o), name), stdout(&o))
+    };
+    let mut failures = Vec::new();
+    for cmd in [
+        &["rm", "-f"][..],
+        &["kill"],
+        &["stop", "-t", "0"],
+        &["logs"],
+        &["inspect", "--type", "container"],
+        &["container", "exists"],
+    ] {
+        let want = answer(cmd, &absent);
+        for s in &spellings {
+            let got = answer(cmd, s);
+            if got != want {
+                failures.push(format!(
+                    "{cmd:?} {s}: {got:?}, a missing name gets {want:?}"
+                ));
+            }
+        }
+    }
+    // Namespaces: refused like a missing container, nothing created.
+    for s in spellings
+        .iter()
+        .filter(|s| [1, 2, 12, 63, 64].contains(&s.len()) || s.contains(&fname))
+    {
+        for flag in ["--network", "--pid", "--ipc"] {
+            let r = format!("{flag}=container:{s}");
+            let o = output(&mut podman(&[
+                "run", "-d", "--label", &lbl, &r, img, "true",
+            ]));
+            let missing = format!("{flag}=container:{absent}");
+            let m = output(&mut podman(&[
+                "run", "-d", "--label", &lbl, &missing, img, "true",
+            ]));
+            if o.status.code() != Some(125) || unref(&stderr(&o), s) != unref(&stderr(&m), &absent)
+            {
+                failures.push(format!("{r}: {} / missing: {}", show(&o), show(&m)));
+            }
+        }
+    }
+    // A hex --name, any case, with or without `/`: refused, nothing made.
+    for name in [
+        "abc",
+        "0123456789ab",
+        "ABCDEF012345",
+        "/deadbeef",
+        &f[..12],
+        &f,
+    ] {
+        let o = output(&mut podman(&[
+            "run", "-d", "--label", &lbl, "--name", name, img, "true",
+        ]));
+        if o.status.code() != Some(125) || !stderr(&o).contains("owned-containers-only") {
+            failures.push(format!("--name {name}: {}", show(&o)));
+        }
+    }
+    let made: Vec<String> = containers_with(&label)
+        .into_iter()
+        .filter(|c| c != &f)
+        .collect();
+    force_remove(&made);
+    assert!(made.is_empty(), "created: {made:?}");
+    assert_eq!(
+        stdout(&docker(&["inspect", "--format", "{{.State.Running}}", &f])).trim(),
+        "true",
+        "the foreign container was stopped or removed"
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Issue 26, hole 6: with `ARGUS_SHIM_ALLOWED_IMAGES` naming one image
+/// and the official images (`docker.io/library/*`, which a short hex
+/// reference reads as), no spelling of another image runs: its short IDs
+/// and ID prefixes (1 to 64 digits, with and without `sha256:`, upper
+/// case), its tags. The listed image runs by its tag and by its own ID.
+#[test]
+fn the_image_allow_list_compares_full_ids_not_spellings() {
+    let label = unique("images");
+    let lbl = label.clone();
+    let allowed_tag = format!("localhost/argus-shim-allowed:{}", std::process::id());
+    let other_tag = format!("localhost/argus-shim-other:{}", std::process::id());
+    let list = format!("{allowed_tag},docker.io/library/*");
+    let allowed = derived_image(&allowed_tag, "LABEL argus.test=allowed");
+    let other = derived_image(&other_tag, "LABEL argus.test=other");
+    assert_ne!(allowed, other);
+    let run = |img: &str| {
+        let mut c = podman(&["run", "--rm", "--label", &lbl, img, "true"]);
+        c.env("ARGUS_SHIM_ALLOWED_IMAGES", &list);
+        output(&mut c)
+    };
+    let mut failures = Vec::new();
+    let hex = other.strip_prefix("sha256:").unwrap();
+    let mut spellings: Vec<String> = (1..=64).map(|n| hex[..n].to_string()).collect();
+    spellings.extend((1..=64).step_by(7).map(|n| format!("sha256:{}", &hex[..n])));
+    spellings.extend([hex.to_ascii_uppercase(), other.clone(), other_tag.clone()]);
+    for s in &spellings {
+        let o = run(s);
+        if o.status.code() != Some(125) {
+            failures.push(format!("{s}: {}", show(&o)));
+        }
+    }
+    // The listed image, by its tag and by its ID, runs.
+    for s in [allowed_tag.clone(), allowed.clone()] {
+        let o = run(&s);
+        if o.status.code() != Some(0) {
+            failures.push(format!("listed {s}: {}", show(&o)));
+        }
+    }
+    // `pull` holds to the same rule (no registry here: refused first).
+    let mut c = podman(&["pull", &other_tag]);
+    c.env("ARGUS_SHIM_ALLOWED_IMAGES", &list);
+    let o = output(&mut c);
+    if o.status.code() != Some(125) || !stderr(&o).contains("allowed-images") {
+        failures.push(format!("pull {other_tag}: {}", show(&o)));
+    }
+    let made = containers_with(&label);
+    force_remove(&made);
+    let _ = docker(&["rmi", "-f", &allowed_tag, &other_tag]);
+    assert!(made.is_empty(), "left: {made:?}");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Issue 26, hole 12: `images`, `image inspect`, `inspect`, `info` and
+/// `ps` show what this node owns, not the host: a foreign container and an
+/// image no allow-list entry names and none of its containers uses are
+/// invisible (answered as unknown), and `info` counts no other container.
+#[test]
+fn images_info_inspect_and_ps_show_only_what_this_node_owns() {
+    let img = image();
+    let label = unique("visible");
+    let lbl = label.clone();
+    let hidden_tag = format!("argus-shim-hidden:{}", std::process::id());
+    let hidden = derived_image(&hidden_tag, "LABEL argus.test=hidden");
+    let foreign = docker(&[
+        "run",
+        "-d",
+        "--label",
+        &lbl,
+        &hidden_tag,
+        "/bin/tool",
+        "trap",
+    ]);
+    assert!(foreign.status.success(), "{}", show(&foreign));
+    let foreign = stdout(&foreign).trim().to_string();
+    let owner = unique("visible-owner");
+    let call = |args: &[&str]| {
+        let mut c = podman(args);
+        c.env("ARGUS_SHIM_OWNER", &owner)
+            .env("ARGUS_SHIM_ALLOWED_IMAGES", img);
+        output(&mut c)
+    };
+    let mine = call(&["run", "-d", "--label", &lbl, img, "/bin/tool", "trap"]);
+    assert_eq!(mine.status.code(), Some(0), "{}", show(&mine));
+    let mine = stdout(&mine).trim().to_string();
+    let mut failures = Vec::new();
+    let o = call(&["images", "--format", "{{.Id}}"]);
+    let ids = stdout(&o);
+    if ids.contains(hidden.strip_prefix("sha256:").unwrap()) || !o.status.success() {
+        failures.push(format!("images shows a hidden image: {}", show(&o)));
+    }
+    let o = call(&["images", "--format", "{{json .RepoTags}}"]);
+    if !stdout(&o).contains(img) {
+        failures.push(format!("images hides the allowed image: {}", show(&o)));
+    }
+    for args in [
+        vec!["image", "inspect", hidden_tag.as_str()],
+        vec!["inspect", hidden_tag.as_str()],
+        vec!["inspect", foreign.as_str()],
+    ] {
+        let o = call(&args);
+        if o.status.code() != Some(125) || stdout(&o).contains(&hidden[7..19]) {
+            failures.push(format!("{args:?}: {}", show(&o)));
+        }
+    }
+    let o = call(&["image", "exists", &hidden_tag]);
+    if o.status.code() != Some(1) {
+        failures.push(format!("image exists hidden: {}", show(&o)));
+    }
+    let o = call(&["ps", "-a", "--format", "{{.Id}}"]);
+    if stdout(&o).contains(&foreign) || !stdout(&o).contains(&mine) {
+        failures.push(format!("ps: {}", show(&o)));
+    }
+    let o = call(&["info", "--format", "json"]);
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
+    if v["store"]["containerStore"]["number"] != 1 {
+        failures.push(format!("info counts other containers: {}", v["store"]));
+    }
+    force_remove(&[foreign, mine]);
+    let _ = docker(&["rmi", "-f", &hidden_tag]);
+    assert!(failures.is_empty(), "{failures:#?}");
 }

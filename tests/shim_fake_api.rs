@@ -59,11 +59,29 @@ fn respond(req: &Request) -> (u16, Value) {
                 (404, json!({"message": format!("No such container: {id}")}))
             }
         }
+        // Every image exists, under a full ID of its own (the shim
+        // resolves the image once and creates from that ID).
+        ("GET", p) if p.starts_with("/images/") && p.ends_with("/json") => {
+            let name = &p["/images/".len()..p.len() - "/json".len()];
+            (
+                200,
+                json!({"Id": fake_image_id(name), "RepoTags": [name], "Config": {"Labels": {}}}),
+            )
+        }
         _ => (
             404,
             json!({"message": format!("fake: no route {} {}", req.method, req.path)}),
         ),
     }
+}
+
+/// The full ID the fake daemon gives image `name`.
+fn fake_image_id(name: &str) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in name.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100000001b3);
+    }
+    format!("sha256:{}", format!("{h:016x}").repeat(4))
 }
 
 fn serve(stream: UnixStream, requests: Arc<Mutex<Vec<Request>>>) {
@@ -256,7 +274,8 @@ fn ray_worker_command_creates_a_sibling_in_the_ray_containers_namespaces() {
         body["Cmd"],
         json!(["/ray/default_worker.py", "--startup-token=1"])
     );
-    assert_eq!(body["Image"], "fake.registry/ray:2.53.0");
+    // Created from the image's full ID, resolved once (issue 26, hole 6).
+    assert_eq!(body["Image"], fake_image_id("fake.registry/ray:2.53.0"));
     let env: Vec<String> = serde_json::from_value(body["Env"].clone()).unwrap();
     assert!(env.contains(&"FOO=a b $HOME".to_string()), "{env:?}");
     assert!(env.contains(&"RAY_JOB_ID=05000000".to_string()), "{env:?}");

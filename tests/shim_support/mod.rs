@@ -223,3 +223,26 @@ pub fn left_after_removal(label: &str, ids: &[String]) -> Vec<String> {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// Builds image `tag` from the test image with `extra` Dockerfile lines
+/// (no context: `docker build -`), and returns its full ID.
+pub fn derived_image(tag: &str, extra: &str) -> String {
+    use std::io::Write;
+    let mut c = Command::new("docker")
+        .args(["build", "-q", "-t", tag, "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(format!("FROM {}\n{extra}\n", image()).as_bytes())
+        .unwrap();
+    let o = c.wait_with_output().unwrap();
+    assert!(o.status.success(), "docker build {tag}:\n{}", show(&o));
+    let o = docker(&["image", "inspect", "--format", "{{.Id}}", tag]);
+    assert!(o.status.success(), "{}", show(&o));
+    stdout(&o).trim().to_string()
+}

@@ -3,8 +3,10 @@
 //! checked with `SO_PEERCRED`. Each connection is handed, unread, to a
 //! handler process of its own ([`super::handler`]); PID 1 only accepts and
 //! spawns, on a thread of its own, so a garbage, huge, slow or silent client
-//! costs it nothing but a process slot, and at most [`MAX_CALLS`] calls run
-//! at once (beyond that a client gets an error at once).
+//! costs it nothing but a process slot for at most the handler's request
+//! deadline ([`super::handler::REQUEST_DEADLINE`]), and at most
+//! [`MAX_CALLS_PER_UID`] calls of one uid ([`MAX_CALLS`] in all) run at
+//! once (beyond that a client gets a one-line error at once, 125): R-SEC-5.
 //!
 //! Each handler gets a pipe of its own on descriptor 4 for its report (see
 //! [`super::report`]); when the handler exits, the reaper's thread reads
@@ -18,7 +20,6 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,8 +36,61 @@ use crate::supervise::reaper;
 /// The hidden subcommand a handler process runs.
 pub const HANDLER_COMMAND: &str = "__shim-handler";
 
-/// How many podman calls may run at once on one node.
-pub const MAX_CALLS: usize = 256;
+/// How many podman calls one uid may have at once on one node, pending
+/// (a handler waiting for the request, at most
+/// [`super::handler::REQUEST_DEADLINE`]) or running (R-SEC-5). Above
+/// 256: that many stalled clients of the Ray user leave room for its real
+/// calls, and each is dropped within the deadline.
+pub const MAX_CALLS_PER_UID: usize = 512;
+
+/// How many podman calls may run at once on one node, all uids together.
+pub const MAX_CALLS: usize = 1024;
+
+/// The live calls per uid, and in all.
+#[derive(Debug, Default)]
+pub struct Calls {
+    per_uid: std::collections::HashMap<u32, usize>,
+    all: usize,
+}
+
+impl Calls {
+    /// Counts a new call of `uid` and returns None, or returns the one-line
+    /// refusal when `uid` or the node is at its bound.
+    pub fn admit(&mut self, uid: u32) -> Option<String> {
+        let mine = self.per_uid.get(&uid).copied().unwrap_or(0);
+        if mine >= MAX_CALLS_PER_UID {
+            return Some(format!(
+                "{MAX_CALLS_PER_UID} podman calls of uid {uid} are already running on this node"
+            ));
+        }
+        if self.all >= MAX_CALLS {
+            return Some(format!(
+                "{MAX_CALLS} podman calls are already running on this node"
+            ));
+        }
+        self.per_uid.insert(uid, mine + 1);
+        self.all += 1;
+        None
+    }
+
+    /// Counts the end of a call of `uid`.
+    pub fn done(&mut self, uid: u32) {
+        if let Some(n) = self.per_uid.get_mut(&uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_uid.remove(&uid);
+            }
+        }
+        self.all = self.all.saturating_sub(1);
+    }
+}
+
+type Live = Arc<std::sync::Mutex<Calls>>;
+
+fn lock(live: &Live) -> std::sync::MutexGuard<'_, Calls> {
+    live.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Where the broker listens, who may call, and what handlers run.
 #[derive(Debug, Clone)]
@@ -65,7 +119,7 @@ pub fn start(cfg: BrokerConfig) -> io::Result<PathBuf> {
     }
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     let exe = std::env::current_exe()?;
-    let live = Arc::new(AtomicUsize::new(0));
+    let live: Live = Arc::default();
     info!(socket = %path.display(), "podman broker listening");
     std::thread::Builder::new()
         .name("shim-broker".into())
@@ -94,7 +148,7 @@ fn refuse(conn: &UnixStream, why: String) {
     );
 }
 
-fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Arc<AtomicUsize>) {
+fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
     let (pid, uid, _) = match transport::peer(&conn) {
         Ok(p) => p,
         Err(e) => {
@@ -110,20 +164,17 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Arc<AtomicUsi
         refuse(&conn, format!("uid {uid} may not use this node's podman"));
         return;
     }
-    if live.fetch_add(1, Ordering::SeqCst) >= MAX_CALLS {
-        live.fetch_sub(1, Ordering::SeqCst);
-        warn!(pid, "podman broker: too many calls at once");
-        refuse(
-            &conn,
-            format!("{MAX_CALLS} podman calls are already running on this node"),
-        );
+    let over = lock(live).admit(uid);
+    if let Some(why) = over {
+        warn!(pid, uid, "podman broker: too many calls at once");
+        refuse(&conn, why);
         return;
     }
     let fd = conn.as_raw_fd();
     let (report_rx, report_tx) = match report_pipe() {
         Ok(p) => p,
         Err(e) => {
-            live.fetch_sub(1, Ordering::SeqCst);
+            lock(live).done(uid);
             warn!(error = %e, "podman broker: cannot create a report pipe");
             refuse(&conn, format!("the node agent cannot start a handler: {e}"));
             return;
@@ -155,13 +206,21 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Arc<AtomicUsi
         });
     }
     let done = live.clone();
+    let state_dir = cfg.state_dir.clone();
     let started = Instant::now();
     let spawned = reaper::spawn_with(&mut cmd, move |exit| {
-        done.fetch_sub(1, Ordering::SeqCst);
+        lock(&done).done(uid);
         let took = started.elapsed();
         // The handler has exited: what it wrote is in the pipe.
-        let r = report::read(report_rx.as_fd());
+        let (r, created) = report::read_with_ids(report_rx.as_fd());
         record(&r, took);
+        // PID 1 keeps the record of this node's containers (the janitor
+        // removes only those, by full ID).
+        for id in &created {
+            if let Err(e) = crate::shim::janitor::record_in(&state_dir, id) {
+                warn!(id, error = %e, "cannot record an engine container");
+            }
+        }
         debug!(pid, %exit, command = r.command, code = ?r.code, refusal = ?r.refusal, ?took, "podman call ended");
     });
     // Only the handler holds the write end now: a handler that dies
@@ -170,7 +229,7 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Arc<AtomicUsi
     match spawned {
         Ok(handler) => debug!(pid, uid, handler, "podman call accepted"),
         Err(e) => {
-            live.fetch_sub(1, Ordering::SeqCst);
+            lock(live).done(uid);
             warn!(error = %e, "podman broker: cannot start a handler");
             refuse(&conn, format!("the node agent cannot start a handler: {e}"));
         }
@@ -321,5 +380,29 @@ mod tests {
         // Not a unix socket, or missing: nothing to say here.
         assert!(socket_folder_problem(Some("tcp://127.0.0.1:2375")).is_none());
         assert!(socket_folder_problem(Some("unix:///nonexistent/docker.sock")).is_none());
+    }
+
+    #[test]
+    fn calls_are_bounded_per_uid_and_in_all() {
+        let mut c = Calls::default();
+        for _ in 0..MAX_CALLS_PER_UID {
+            assert_eq!(c.admit(1000), None);
+        }
+        let why = c.admit(1000).unwrap();
+        assert!(why.contains("uid 1000") && !why.contains('\n'), "{why}");
+        // Another uid still gets in; one call ended makes room again.
+        assert_eq!(c.admit(0), None);
+        c.done(1000);
+        assert_eq!(c.admit(1000), None);
+        // The node's bound holds over all uids.
+        let mut c = Calls::default();
+        for uid in 0..MAX_CALLS as u32 {
+            assert_eq!(c.admit(uid), None);
+        }
+        assert!(c.admit(u32::MAX).unwrap().contains("already running"));
+        for uid in 0..MAX_CALLS as u32 {
+            c.done(uid);
+        }
+        assert_eq!((c.all, c.per_uid.len()), (0, 0));
     }
 }

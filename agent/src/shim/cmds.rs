@@ -10,9 +10,8 @@ use std::io::Write;
 
 use bollard::container::LogOutput;
 use bollard::query_parameters::{
-    InspectContainerOptions, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
-    ListImagesOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
-    StopContainerOptionsBuilder,
+    KillContainerOptionsBuilder, ListContainersOptionsBuilder, ListImagesOptionsBuilder,
+    LogsOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
 };
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -20,8 +19,8 @@ use serde_json::{json, Value};
 
 use super::args::{Command, ShowOpts};
 use super::docker::{self, is_not_found, message};
-use super::labels::LABEL_OWNER;
-use super::policy::{Policy, PolicyError};
+use super::labels::{LABEL_OWNER, LABEL_PREFIX};
+use super::policy::{Policy, PolicyError, ResolvedImage};
 use super::runner;
 use super::{ShimError, EXIT_SHIM};
 
@@ -154,7 +153,7 @@ where
     let mut code = 0;
     for n in names {
         match owned(docker, &s, n).await? {
-            Some(id) => found.push((n, id)),
+            Some(r) => found.push((n, r.id)),
             None if ignore => {}
             None => {
                 eprintln!("Error: {}", ShimError::NoSuchContainer(n.clone()));
@@ -175,26 +174,132 @@ where
     Ok(code)
 }
 
-async fn owned(docker: &Docker, s: &Scope, name: &str) -> Result<Option<String>, ShimError> {
-    match docker
-        .inspect_container(name, None::<InspectContainerOptions>)
-        .await
-    {
-        Ok(i) => {
-            let owner = i
-                .config
-                .as_ref()
-                .and_then(|c| c.labels.as_ref())
-                .and_then(|l| l.get(LABEL_OWNER));
-            if s.relaxed || owner == Some(&s.owner) {
-                Ok(i.id)
-            } else {
-                Err(PolicyError::NotOwned { name: name.into() }.into())
+/// Resolves `name` once to a container of this node (R-SEC-3): its full
+/// ID, the only thing later calls get, and its inspect. A container of
+/// another owner is answered exactly like one that does not exist.
+async fn owned(
+    docker: &Docker,
+    s: &Scope,
+    name: &str,
+) -> Result<Option<docker::Resolved>, ShimError> {
+    Ok(docker::resolve_container(docker, name)
+        .await?
+        .filter(|r| s.relaxed || r.owner.as_deref() == Some(s.owner.as_str())))
+}
+
+/// Resolves image `name` once and returns its inspect when this node may
+/// see it (issue 26, hole 12): an image it may run (by full ID, see
+/// [`Policy::image_allowed`]) or the image of one of its containers.
+/// Anything else is answered as an unknown image.
+async fn visible_image(
+    docker: &Docker,
+    s: &Scope,
+    name: &str,
+) -> Result<Option<bollard::models::ImageInspect>, ShimError> {
+    let i = match docker.inspect_image(name).await {
+        Ok(i) => i,
+        Err(e) if is_not_found(&e) => return Ok(None),
+        Err(e) => return Err(ShimError::docker(format!("inspect image {name}"))(e)),
+    };
+    let id = i.id.clone().unwrap_or_default();
+    Ok(visible_image_ids(docker, s, Some(&i))
+        .await?
+        .contains(&id)
+        .then_some(i))
+}
+
+/// Returns the full IDs of the images this node may see: those the
+/// allow-list names (resolved on the daemon, or whose names match it;
+/// `extra`, an image just inspected, is judged too), and those of this
+/// node's containers.
+async fn visible_image_ids(
+    docker: &Docker,
+    s: &Scope,
+    extra: Option<&bollard::models::ImageInspect>,
+) -> Result<std::collections::HashSet<String>, ShimError> {
+    let mut policy = Policy::from_env(|k| std::env::var(k).ok())?;
+    let mut ids = std::collections::HashSet::new();
+    if let Some(i) = extra {
+        let id = i.id.clone().unwrap_or_default();
+        if policy.allowed_images.is_none() || s.relaxed {
+            ids.insert(id.clone());
+        } else {
+            policy.listed_image_ids = runner::listed_image_ids(docker, &policy).await?;
+            let mut names = i.repo_tags.clone().unwrap_or_default();
+            names.extend(i.repo_digests.clone().unwrap_or_default());
+            policy.images.push(ResolvedImage {
+                id: id.clone(),
+                names,
+            });
+            if policy.image_allowed(&id) {
+                ids.insert(id);
             }
         }
-        Err(e) if is_not_found(&e) => Ok(None),
-        Err(e) => Err(ShimError::docker(format!("inspect container {name}"))(e)),
     }
+    if let Some(list) = &policy.allowed_images {
+        ids.extend(runner::listed_image_ids(docker, &policy).await?);
+        let all = docker
+            .list_images(Some(ListImagesOptionsBuilder::new().build()))
+            .await
+            .map_err(ShimError::docker("list images"))?;
+        for i in all {
+            let mut names = i.repo_tags.clone();
+            names.extend(i.repo_digests.clone());
+            if names
+                .iter()
+                .any(|n| list.iter().any(|pat| super::policy::image_matches(pat, n)))
+            {
+                ids.insert(i.id);
+            }
+        }
+    }
+    for c in own_containers(docker, s, true).await? {
+        ids.extend(c.image_id);
+    }
+    Ok(ids)
+}
+
+/// Lists this node's containers (`all`: stopped ones too): those whose
+/// owner label is this node's, set by the shim (an image that carries the
+/// shim's labels makes its containers' labels worthless, see
+/// [`docker::resolve_container`]).
+async fn own_containers(
+    docker: &Docker,
+    s: &Scope,
+    all: bool,
+) -> Result<Vec<bollard::models::ContainerSummary>, ShimError> {
+    let filters: HashMap<String, Vec<String>> = HashMap::from([(
+        "label".to_string(),
+        vec![format!("{LABEL_OWNER}={}", s.owner)],
+    )]);
+    let list = docker
+        .list_containers(Some(
+            ListContainersOptionsBuilder::new()
+                .all(all)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .map_err(ShimError::docker("list containers"))?;
+    let mut out = Vec::new();
+    let mut inherited: HashMap<String, bool> = HashMap::new();
+    for c in list {
+        let image = c.image_id.clone().unwrap_or_default();
+        if !inherited.contains_key(&image) {
+            let shim_labels = match docker.inspect_image(&image).await {
+                Ok(i) => i
+                    .config
+                    .and_then(|c| c.labels)
+                    .is_some_and(|l| l.keys().any(|k| k.starts_with(LABEL_PREFIX))),
+                Err(_) => true,
+            };
+            inherited.insert(image.clone(), shim_labels);
+        }
+        if !inherited[&image] {
+            out.push(c);
+        }
+    }
+    Ok(out)
 }
 
 /// Runs a subcommand other than `run`; returns the exit code.
@@ -216,17 +321,19 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
         Command::Version { format } => version(&docker, format).await,
         Command::Info { format } => info(&docker, format).await,
         Command::Pull { quiet, image } => pull(&docker, quiet, image).await,
-        Command::ImageExists(name) => match docker.inspect_image(&name).await {
-            Ok(_) => Ok(0),
-            Err(e) if is_not_found(&e) => Ok(1),
-            Err(e) => Err(ShimError::docker(format!("inspect image {name}"))(e)),
-        },
+        Command::ImageExists(name) => {
+            let s = scope(&docker).await?;
+            Ok(if visible_image(&docker, &s, &name).await?.is_some() {
+                0
+            } else {
+                1
+            })
+        }
         Command::ContainerExists(name) => {
             let s = scope(&docker).await?;
-            match owned(&docker, &s, &name).await {
-                Ok(Some(_)) => Ok(0),
-                Ok(None) | Err(ShimError::Policy(_)) => Ok(1),
-                Err(e) => Err(e),
+            match owned(&docker, &s, &name).await? {
+                Some(_) => Ok(0),
+                None => Ok(1),
             }
         }
         Command::ImageInspect { format, names } => image_inspect(&docker, format, names).await,
@@ -305,27 +412,41 @@ async fn version(docker: &Docker, format: Option<String>) -> Result<u8, ShimErro
     Ok(0)
 }
 
-/// `podman info`: the daemon's facts in podman's shape.
+/// `podman info`: the daemon's facts in podman's shape, its stores
+/// counted as this node sees them (its own containers, the images it may
+/// see), never the host's (issue 26, hole 12); the host name is this
+/// node's, not the daemon's.
 async fn info(docker: &Docker, format: Option<String>) -> Result<u8, ShimError> {
     let i = docker
         .info()
         .await
         .map_err(ShimError::docker("read daemon info"))?;
+    let s = scope(docker).await?;
+    let mine = own_containers(docker, &s, true).await?;
+    let count = |state: &str| {
+        mine.iter()
+            .filter(|c| c.state.map(|x| x.to_string()).as_deref() == Some(state))
+            .count()
+    };
+    let images = visible_image_ids(docker, &s, None).await?.len();
+    let hostname = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
     let value = json!({
         "host": {
             "arch": i.architecture, "os": i.os_type, "kernel": i.kernel_version,
-            "hostname": i.name, "cgroupManager": i.cgroup_driver,
+            "hostname": hostname, "cgroupManager": i.cgroup_driver,
             "cgroupVersion": i.cgroup_version.map(|v| format!("v{v}")),
             "ociRuntime": {"name": i.default_runtime},
             "security": {"rootless": false},
             "cpus": i.ncpu, "memTotal": i.mem_total,
         },
         "store": {
-            "graphDriverName": i.driver, "graphRoot": i.docker_root_dir,
-            "imageStore": {"number": i.images},
+            "graphDriverName": i.driver,
+            "imageStore": {"number": images},
             "containerStore": {
-                "number": i.containers, "running": i.containers_running,
-                "paused": i.containers_paused, "stopped": i.containers_stopped,
+                "number": mine.len(), "running": count("running"),
+                "paused": count("paused"), "stopped": count("exited") + count("created"),
             },
         },
         "registries": {},
@@ -341,8 +462,11 @@ async fn info(docker: &Docker, format: Option<String>) -> Result<u8, ShimError> 
 /// `podman pull`: pulls an image of the allow-list and prints its id.
 async fn pull(docker: &Docker, quiet: bool, image: String) -> Result<u8, ShimError> {
     // The allow-list holds for pulls too: a pulled image is one
-    // `--pull=never` away from running, and pulls cost the host disk.
-    if !Policy::from_env(|k| std::env::var(k).ok())?.image_allowed(&image) {
+    // `--pull=never` away from running, and pulls cost the host disk. The
+    // name gates the pull; what was pulled is checked by full ID, as `run`
+    // checks it.
+    let mut policy = Policy::from_env(|k| std::env::var(k).ok())?;
+    if !policy.image_name_allowed(&image) {
         return Err(PolicyError::Image { image }.into());
     }
     runner::pull(docker, &image, quiet).await?;
@@ -350,7 +474,18 @@ async fn pull(docker: &Docker, quiet: bool, image: String) -> Result<u8, ShimErr
         .inspect_image(&image)
         .await
         .map_err(ShimError::docker(format!("inspect image {image}")))?;
-    println!("{}", strip_sha(&i.id.unwrap_or_default()));
+    let id = i.id.clone().unwrap_or_default();
+    policy.listed_image_ids = runner::listed_image_ids(docker, &policy).await?;
+    let mut names = i.repo_tags.unwrap_or_default();
+    names.extend(i.repo_digests.unwrap_or_default());
+    policy.images.push(ResolvedImage {
+        id: id.clone(),
+        names,
+    });
+    if !policy.image_allowed(&id) {
+        return Err(PolicyError::Image { image }.into());
+    }
+    println!("{}", strip_sha(&id));
     Ok(0)
 }
 
@@ -360,16 +495,16 @@ async fn image_inspect(
     format: Option<String>,
     names: Vec<String>,
 ) -> Result<u8, ShimError> {
+    let s = scope(docker).await?;
     let mut items = Vec::new();
     for n in &names {
-        match docker.inspect_image(n).await {
-            Ok(i) => items.push(image_value(serde_json::to_value(i).unwrap_or_default())),
-            Err(e) if is_not_found(&e) => {
+        match visible_image(docker, &s, n).await? {
+            Some(i) => items.push(image_value(serde_json::to_value(i).unwrap_or_default())),
+            None => {
                 print_items(format.as_deref(), &items);
                 eprintln!("Error: {n}: image not known");
                 return Ok(125);
             }
-            Err(e) => return Err(ShimError::docker(format!("inspect image {n}"))(e)),
         }
     }
     print_items(format.as_deref(), &items);
@@ -387,23 +522,15 @@ async fn inspect(
     let mut items = Vec::new();
     for n in &names {
         if kind.as_deref() != Some("image") {
-            if let Some(id) = owned(docker, &s, n).await? {
-                let i = docker
-                    .inspect_container(&id, None::<InspectContainerOptions>)
-                    .await
-                    .map_err(ShimError::docker(format!("inspect container {n}")))?;
-                items.push(serde_json::to_value(i).unwrap_or_default());
+            if let Some(r) = owned(docker, &s, n).await? {
+                items.push(serde_json::to_value(r.inspect).unwrap_or_default());
                 continue;
             }
         }
         if kind.as_deref() != Some("container") {
-            match docker.inspect_image(n).await {
-                Ok(i) => {
-                    items.push(image_value(serde_json::to_value(i).unwrap_or_default()));
-                    continue;
-                }
-                Err(e) if is_not_found(&e) => {}
-                Err(e) => return Err(ShimError::docker(format!("inspect image {n}"))(e)),
+            if let Some(i) = visible_image(docker, &s, n).await? {
+                items.push(image_value(serde_json::to_value(i).unwrap_or_default()));
+                continue;
             }
         }
         print_items(format.as_deref(), &items);
@@ -495,7 +622,7 @@ async fn logs(
     name: String,
 ) -> Result<u8, ShimError> {
     let s = scope(docker).await?;
-    let Some(id) = owned(docker, &s, &name).await? else {
+    let Some(id) = owned(docker, &s, &name).await?.map(|r| r.id) else {
         eprintln!("Error: {}", ShimError::NoSuchContainer(name));
         return Ok(125);
     };
@@ -547,7 +674,11 @@ fn image_value(mut v: Value) -> Value {
     v
 }
 
+/// `podman images`: the images this node may see (see
+/// [`visible_image_ids`]), not the host's.
 async fn images(docker: &Docker, o: ShowOpts) -> Result<u8, ShimError> {
+    let s = scope(docker).await?;
+    let visible = visible_image_ids(docker, &s, None).await?;
     let opts = ListImagesOptionsBuilder::new().all(o.all).build();
     let list = docker
         .list_images(Some(opts))
@@ -555,6 +686,7 @@ async fn images(docker: &Docker, o: ShowOpts) -> Result<u8, ShimError> {
         .map_err(ShimError::docker("list images"))?;
     let items: Vec<Value> = list
         .iter()
+        .filter(|i| visible.contains(&i.id))
         .map(|i| {
             json!({
                 "Id": strip_sha(&i.id), "ParentId": strip_sha(&i.parent_id),
@@ -618,10 +750,19 @@ async fn ps(docker: &Docker, o: ShowOpts) -> Result<u8, ShimError> {
         .all(o.all)
         .filters(&filters)
         .build();
-    let list = docker
+    let mut list = docker
         .list_containers(Some(opts))
         .await
         .map_err(ShimError::docker("list containers"))?;
+    if !s.relaxed {
+        // Labels inherited from an image prove nothing.
+        let own: std::collections::HashSet<String> = own_containers(docker, &s, true)
+            .await?
+            .into_iter()
+            .filter_map(|c| c.id)
+            .collect();
+        list.retain(|c| c.id.as_ref().is_some_and(|id| own.contains(id)));
+    }
     let items: Vec<Value> = list
         .iter()
         .map(|c| {

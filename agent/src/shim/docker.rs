@@ -95,6 +95,23 @@ pub fn is_not_found(e: &BollardError) -> bool {
     )
 }
 
+/// Returns true if and only if `e` says the daemon could not resolve a
+/// reference to one object: a redirect or a bad request (a reference it
+/// does not take), or several IDs with that prefix.
+fn unresolvable(e: &BollardError) -> bool {
+    match e {
+        BollardError::DockerResponseServerError {
+            status_code,
+            message,
+        } => {
+            matches!(status_code, 301 | 400)
+                || message.contains("Multiple IDs found")
+                || message.contains("multiple IDs found")
+        }
+        _ => false,
+    }
+}
+
 /// Returns true if and only if `e` says the container is already being
 /// removed (409 "removal of container … is already in progress"): another
 /// remover got there first, which is as good as removing it.
@@ -142,6 +159,100 @@ pub async fn remove_container(docker: &Docker, id: &str) -> Removal {
             Removal::Failed
         }
     }
+}
+
+/// Returns true if and only if `s` (a container name or reference, with
+/// or without the leading `/` Docker accepts) reads as a container ID or
+/// ID prefix: 1 to 64 hex digits, in either case. The daemon looks a
+/// reference up as a full ID, then a name, then an ID prefix, so such a
+/// name, once its container is gone, names another container (R-SEC-3).
+pub fn looks_like_id(s: &str) -> bool {
+    let s = s.strip_prefix('/').unwrap_or(s);
+    (1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Returns true if and only if `s` is a full container ID as the daemon
+/// returns it: 64 lowercase hex digits.
+pub fn is_full_id(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// A container reference resolved once (R-SEC-3): the daemon's full ID
+/// and what ownership is judged by, from the same inspect.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    /// The full ID: the only thing passed on to later daemon calls.
+    pub id: String,
+    /// The name, without the leading `/`.
+    pub name: String,
+    /// The owner label's value, when it was set on the container itself
+    /// (not inherited from its image, see [`resolve_container`]).
+    pub owner: Option<String>,
+    /// The inspect itself (for `podman inspect`).
+    pub inspect: bollard::models::ContainerInspectResponse,
+}
+
+/// Resolves `reference` to one container, once: `Ok(None)` when the
+/// daemon knows none. The owner label counts only when the container's
+/// image does not carry it too: a label an image ships is inherited by
+/// every container made from it, so it proves nothing.
+pub async fn resolve_container(
+    docker: &Docker,
+    reference: &str,
+) -> Result<Option<Resolved>, ShimError> {
+    use super::labels::LABEL_OWNER;
+    let i = match docker
+        .inspect_container(
+            reference,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+    {
+        Ok(i) => i,
+        // No one container: none, an ambiguous ID prefix, or what the
+        // daemon does not take as a reference (`/name`: a redirect).
+        Err(e) if is_not_found(&e) || unresolvable(&e) => return Ok(None),
+        Err(e) => {
+            return Err(ShimError::docker(format!("inspect container {reference}"))(
+                e,
+            ))
+        }
+    };
+    let Some(id) = i.id.clone().filter(|id| is_full_id(id)) else {
+        return Ok(None);
+    };
+    let label = i
+        .config
+        .as_ref()
+        .and_then(|c| c.labels.as_ref())
+        .and_then(|l| l.get(LABEL_OWNER))
+        .cloned();
+    let owner = match (label, i.image.as_deref()) {
+        (Some(l), Some(image)) => match docker.inspect_image(image).await {
+            Ok(img) => {
+                let inherited = img
+                    .config
+                    .and_then(|c| c.labels)
+                    .is_some_and(|l| l.keys().any(|k| k.starts_with(super::labels::LABEL_PREFIX)));
+                (!inherited).then_some(l)
+            }
+            // The image is gone: whether it carried the label is unknown.
+            Err(e) if is_not_found(&e) => None,
+            Err(e) => return Err(ShimError::docker(format!("inspect image {image}"))(e)),
+        },
+        (l, _) => l,
+    };
+    Ok(Some(Resolved {
+        id,
+        name: i
+            .name
+            .clone()
+            .unwrap_or_default()
+            .trim_start_matches('/')
+            .to_string(),
+        owner,
+        inspect: i,
+    }))
 }
 
 /// Returns the daemon's message of `e`, or its display.
@@ -224,6 +335,27 @@ mod tests {
         let a = process_start(me).unwrap();
         assert_eq!(process_start(me), Some(a));
         assert_eq!(process_start(u32::MAX), None);
+    }
+
+    #[test]
+    fn id_like_names_and_full_ids() {
+        for s in [
+            "a",
+            "0",
+            "ab",
+            "0123456789ab",
+            "ABCDEF",
+            "/deadbeef",
+            &"f".repeat(64),
+        ] {
+            assert!(looks_like_id(s), "{s}");
+        }
+        for s in ["", "/", "g", "abc-1", "my-engine", "x0123", &"a".repeat(65)] {
+            assert!(!looks_like_id(s), "{s}");
+        }
+        assert!(is_full_id(&"0a".repeat(32)));
+        assert!(!is_full_id(&"0A".repeat(32)));
+        assert!(!is_full_id(&"0a".repeat(31)));
     }
 
     #[test]

@@ -37,8 +37,10 @@ use crate::supervise::privs;
 /// The descriptor the broker passes the connection on.
 pub const CONNECTION_FD: i32 = 3;
 
-/// How long a client may take to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send its whole request (R-SEC-5): a
+/// deadline for all reads together, not per read, so a client that sends
+/// one byte now and then is dropped all the same.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(3);
 
 /// Serves the call on [`CONNECTION_FD`]; `init_log` installs the log
 /// subscriber once stderr is the client's. Returns the exit code.
@@ -79,11 +81,7 @@ pub fn serve(settings: &Path, init_log: impl FnOnce()) -> u8 {
 /// podman arguments, or the error to send back.
 fn become_client(sock: &UnixStream, settings: &Path) -> Result<Vec<String>, String> {
     let (pid, uid, gid) = transport::peer(sock).map_err(|e| format!("no peer credentials: {e}"))?;
-    sock.set_read_timeout(Some(REQUEST_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    let fds = transport::recv_fds(sock).map_err(|e| format!("bad request: {e}"))?;
-    let req: Request = transport::recv(sock).map_err(|e| format!("bad request: {e}"))?;
-    sock.set_read_timeout(None).map_err(|e| e.to_string())?;
+    let (fds, req) = read_request(sock)?;
     let groups = groups_of(pid, uid)?;
     // The caller's own limits bound its `--ulimit`s (not this process's,
     // which are PID 1's).
@@ -145,6 +143,43 @@ fn become_client(sock: &UnixStream, settings: &Path) -> Result<Vec<String>, Stri
     }
     let _ = super::CALLER_GROUPS.set(groups);
     Ok(req.args)
+}
+
+/// Reads the client's descriptors and request within [`REQUEST_DEADLINE`]:
+/// a timer thread shuts the socket's reading side at the deadline, which
+/// ends any read under way. The thread is joined before this returns (the
+/// handler forks its watchdog later, with no other thread).
+fn read_request(sock: &UnixStream) -> Result<([std::os::fd::OwnedFd; 3], Request), String> {
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let timer_sock = sock.try_clone().map_err(|e| e.to_string())?;
+    let timer = std::thread::spawn(move || {
+        let expired = matches!(
+            wait.recv_timeout(REQUEST_DEADLINE),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+        );
+        if expired {
+            let _ = timer_sock.shutdown(std::net::Shutdown::Read);
+        }
+        expired
+    });
+    // Also per read, in case the shutdown comes too late for a read.
+    let _ = sock.set_read_timeout(Some(REQUEST_DEADLINE));
+    let got = transport::recv_fds(sock).and_then(|fds| Ok((fds, transport::recv(sock)?)));
+    let _ = done.send(());
+    let expired = timer.join().unwrap_or(true);
+    sock.set_read_timeout(None).map_err(|e| e.to_string())?;
+    match got {
+        Ok(r) if !expired => Ok(r),
+        Ok(_) => Err(format!(
+            "no request within {} s",
+            REQUEST_DEADLINE.as_secs()
+        )),
+        Err(_) if expired => Err(format!(
+            "no request within {} s",
+            REQUEST_DEADLINE.as_secs()
+        )),
+        Err(e) => Err(format!("bad request: {e}")),
+    }
 }
 
 /// Returns the supplementary groups of process `pid`, checking that it

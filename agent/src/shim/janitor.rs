@@ -1,23 +1,32 @@
 //! The janitor (SPEC R-SHIM-4): removes the containers the shim created when
 //! their shim is gone, and all of them when the node stops.
 //!
-//! Every container carries the owner (this node's id, see `super::owner`)
-//! and, unless detached, the shim's pid and process start time, so a reused
-//! pid is not taken for a live shim. Only the owner's own sweeps judge
-//! whether a shim lives: they run on the same node, in the PID namespace of
-//! its shims. Other nodes' sweeps remove a container only when its owner,
-//! a Ray container, is gone. The node agent calls
+//! A sweep removes only containers this node's shim created, by full ID, as
+//! recorded in the node's root-owned state folder ([`record_created`],
+//! `$ARGUS_STATE_DIR/shim-created/<full id>`): by PID 1's broker from a
+//! handler's report, or by a standalone shim that runs as root. Labels
+//! alone prove nothing (issue 26, hole 7): an image can ship
+//! `io.argus.shim.owner`, and every container made from it, anywhere,
+//! inherits it. So a container that merely carries this node's owner label
+//! survives every sweep, and so do other nodes' containers, whatever their
+//! labels say (a Ray container removed without its stop sweep leaves its
+//! engines, stopped with its PID namespace, for the operator).
+//!
+//! Every container also carries the owner (this node's id, see
+//! `super::owner`) and, unless detached, the shim's pid and process start
+//! time, so a reused pid is not taken for a live shim. The node agent calls
 //! [`sweep_blocking`]; each `podman run` also sweeps at its start, and a
-//! per-run watchdog (`super::watchdog`) removes the container of a shim that
-//! was SIGKILLed.
+//! per-run watchdog (`super::watchdog`) removes the container of a shim
+//! that was SIGKILLed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use bollard::models::ContainerSummaryStateEnum;
-use bollard::query_parameters::{InspectContainerOptions, ListContainersOptionsBuilder};
+use bollard::query_parameters::ListContainersOptionsBuilder;
 use bollard::Docker;
 use tokio_util::sync::CancellationToken;
 
@@ -80,6 +89,137 @@ pub fn shim_alive(pid: u32, start: Option<u64>) -> bool {
     }
 }
 
+/// The folder, in the state folder, of the record of the containers this
+/// node's shim created: one empty file per full container ID.
+pub const CREATED_DIR: &str = "shim-created";
+
+/// Opens folder `name` relative to `dir` (`AT_FDCWD`: `name` as is)
+/// without following a symlink at its last component, and checks that it
+/// is root's and writable by no one else: a record another user could
+/// change proves nothing.
+fn open_trusted_dir(dir: RawFd, name: &std::ffi::CStr) -> std::io::Result<OwnedFd> {
+    // SAFETY: openat with a NUL-terminated name; the result is checked.
+    let fd = unsafe {
+        libc::openat(
+            dir,
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor this process just opened.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: fstat into a zeroed stat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "owner {} mode {:o}: not root's alone",
+                st.st_uid,
+                st.st_mode & 0o7777
+            ),
+        ));
+    }
+    Ok(fd)
+}
+
+fn cstring(p: &Path) -> std::io::Result<std::ffi::CString> {
+    std::ffi::CString::new(p.as_os_str().as_encoded_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+}
+
+/// Opens the record folder of state folder `state`, creating it (0755)
+/// when `create`.
+fn open_record(state: &Path, create: bool) -> std::io::Result<OwnedFd> {
+    let dir = open_trusted_dir(libc::AT_FDCWD, &cstring(state)?)?;
+    let name = cstring(Path::new(CREATED_DIR))?;
+    if create {
+        // SAFETY: mkdirat relative to a folder this process holds.
+        let r = unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(e);
+            }
+        }
+    }
+    open_trusted_dir(dir.as_raw_fd(), &name)
+}
+
+/// Records that this node's shim created container `id` (a full ID) in
+/// the record of state folder `state`. Only root can (the folder is
+/// root's): PID 1's broker, or a standalone shim run by root.
+pub fn record_in(state: &Path, id: &str) -> std::io::Result<()> {
+    if !docker::is_full_id(id) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{id:?} is not a full container ID"),
+        ));
+    }
+    let dir = open_record(state, true)?;
+    let name = cstring(Path::new(id))?;
+    // SAFETY: openat relative to the record folder, no symlink followed.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o644 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor this process just opened.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    Ok(())
+}
+
+/// Records container `id` as created by this node's shim, when this
+/// process may (see [`record_in`]); a handler running as the Ray user may
+/// not: its broker records what it reports.
+pub fn record_created(id: &str) {
+    if nix::unistd::geteuid().is_root() {
+        if let Err(e) = record_in(&owner::state_dir(), id) {
+            tracing::warn!(id, error = %e, "cannot record the container this shim created");
+        }
+    }
+}
+
+/// Returns the full IDs recorded in the record of state folder `state`
+/// (none when there is no trusted record).
+pub fn recorded(state: &Path) -> HashSet<String> {
+    let Ok(dir) = open_record(state, false) else {
+        return HashSet::new();
+    };
+    let path = format!("/proc/self/fd/{}", dir.as_raw_fd());
+    std::fs::read_dir(path)
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| docker::is_full_id(n))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Forgets container `id` (gone) in the record of `state`; root only.
+pub fn forget_in(state: &Path, id: &str) {
+    if !docker::is_full_id(id) {
+        return;
+    }
+    let (Ok(dir), Ok(name)) = (open_record(state, false), cstring(Path::new(id))) else {
+        return;
+    };
+    // SAFETY: unlinkat relative to the record folder.
+    unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) };
+}
+
 /// A labelled container: its id, owner and what the janitor judges it by.
 struct Labelled {
     owner: String,
@@ -114,43 +254,54 @@ async fn list(docker: &Docker, label: String) -> Result<Vec<Labelled>, ShimError
         .collect())
 }
 
-/// Sweeps the containers of `owner`; returns how many it removed (itself:
-/// not those another remover got to first). A
-/// `DeadShims` sweep also removes orphans: containers whose owning Ray
-/// container is gone (it cannot sweep them itself any more, and with its
-/// PID namespace gone they are dead anyway).
+/// Sweeps the containers of `owner` that this node's shim created (as
+/// recorded in state folder `state`, see [`record_in`]); returns how many
+/// it removed (itself: not those another remover got to first). A
+/// container that only carries the owner label is never touched. A root
+/// sweep also forgets the record of containers that are gone.
 ///
 /// Once `stop` is cancelled the sweep ends early: a pending list or inspect
 /// is dropped, a removal under way is finished, and no other one begins.
 pub async fn sweep(
     docker: &Docker,
+    state: &Path,
     owner: &str,
     scope: JanitorScope,
     stop: &CancellationToken,
 ) -> Result<usize, ShimError> {
+    let created = recorded(state);
     let Some(all) = stop
-        .run_until_cancelled(list(docker, LABEL_OWNER.to_string()))
+        .run_until_cancelled(list(docker, format!("{LABEL_OWNER}={owner}")))
         .await
     else {
         return Ok(0);
     };
+    let all = all?;
+    let root = nix::unistd::geteuid().is_root();
+    if root {
+        let listed: HashSet<&str> = all.iter().map(|c| c.seen.id.as_str()).collect();
+        for gone in created.iter().filter(|id| !listed.contains(id.as_str())) {
+            forget_in(state, gone);
+        }
+    }
     let mut n = 0;
-    let mut others = Vec::new();
-    for c in all? {
-        if c.owner != owner {
-            others.push(c);
-        } else if doomed(scope, &c.seen, shim_alive) {
+    for c in all {
+        if c.owner != owner || !created.contains(&c.seen.id) {
+            continue;
+        }
+        if doomed(scope, &c.seen, shim_alive) {
             if stop.is_cancelled() {
                 tracing::debug!(removed = n, "janitor sweep stopped");
                 return Ok(n);
             }
             let c = c.seen;
             tracing::info!(id = %c.id, pid = ?c.pid, ?scope, "removing container of the podman shim");
-            n += removed(docker, &c.id).await;
+            let k = removed(docker, &c.id).await;
+            if root && k > 0 {
+                forget_in(state, &c.id);
+            }
+            n += k;
         }
-    }
-    if scope == JanitorScope::DeadShims {
-        n += sweep_orphans(docker, others, stop).await?;
     }
     Ok(n)
 }
@@ -169,65 +320,28 @@ async fn removed(docker: &Docker, id: &str) -> usize {
     1
 }
 
-/// Returns true if and only if a container whose owner is in `state` (None:
-/// no such container; Some(running)) is an orphan: its Ray container is
-/// gone. A stopped Ray container may be started again, and its own janitor
-/// then judges its engines (their shims are dead by then).
-pub fn orphaned(owner_state: Option<bool>) -> bool {
-    owner_state.is_none()
-}
-
-async fn sweep_orphans(
+/// Removes the containers of the shim `pid` that started at `start` (the
+/// watchdog's sweep after that shim died): those labelled with that pid,
+/// start and this node's `owner`, whose labels were set by the shim (the
+/// image carries none of the shim's labels, so none was inherited, see
+/// [`docker::resolve_container`]).
+pub async fn sweep_shim(
     docker: &Docker,
-    others: Vec<Labelled>,
-    stop: &CancellationToken,
+    owner: &str,
+    pid: u32,
+    start: u64,
 ) -> Result<usize, ShimError> {
-    let mut owners: HashMap<String, Option<bool>> = HashMap::new();
     let mut n = 0;
-    for c in others {
-        if stop.is_cancelled() {
-            tracing::debug!(removed = n, "janitor sweep of orphans stopped");
-            return Ok(n);
-        }
-        let owner = c.owner;
-        // A host node's id names no container: only that node judges it.
-        if owner::is_host_owner(&owner) {
+    for Labelled { seen: c, owner: o } in list(docker, format!("{LABEL_PID}={pid}")).await? {
+        if c.start != Some(start) || o != owner {
             continue;
         }
-        if !owners.contains_key(&owner) {
-            let inspect = docker.inspect_container(&owner, None::<InspectContainerOptions>);
-            let Some(inspected) = stop.run_until_cancelled(inspect).await else {
-                tracing::debug!(removed = n, "janitor sweep of orphans stopped");
-                return Ok(n);
-            };
-            let state = match inspected {
-                Ok(i) => Some(i.state.and_then(|s| s.running).unwrap_or(false)),
-                Err(e) if docker::is_not_found(&e) => None,
-                Err(e) => {
-                    return Err(ShimError::docker(format!(
-                        "inspect owner container {owner}"
-                    ))(e))
-                }
-            };
-            owners.insert(owner.clone(), state);
-        }
-        if orphaned(owners[&owner]) {
-            let id = c.seen.id;
-            tracing::info!(%id, %owner, "removing container whose Ray container is gone");
-            n += removed(docker, &id).await;
-        }
-    }
-    Ok(n)
-}
-
-/// Removes the containers of the shim `pid` that started at `start` (the
-/// watchdog's sweep after that shim died).
-pub async fn sweep_shim(docker: &Docker, pid: u32, start: u64) -> Result<usize, ShimError> {
-    let mut n = 0;
-    for Labelled { seen: c, .. } in list(docker, format!("{LABEL_PID}={pid}")).await? {
-        if c.start == Some(start) {
-            remove(docker, &c.id).await;
-            n += 1;
+        match docker::resolve_container(docker, &c.id).await? {
+            Some(r) if r.id == c.id && r.owner.as_deref() == Some(owner) => {
+                remove(docker, &r.id).await;
+                n += 1;
+            }
+            _ => {}
         }
     }
     Ok(n)
@@ -237,27 +351,29 @@ pub async fn sweep_shim(docker: &Docker, pid: u32, start: u64) -> Result<usize, 
 /// cancelled (no removal starts after that). Returns Ok(0) at once when the
 /// daemon's unix socket does not exist: nodes without Docker must not fail.
 pub fn sweep_blocking(scope: JanitorScope, stop: &CancellationToken) -> anyhow::Result<usize> {
-    sweep_until(&docker::address(), None, scope, stop)
+    sweep_until(&docker::address(), &owner::state_dir(), None, scope, stop)
 }
 
 /// [`sweep_blocking`] against the daemon at `addr`, never cut short.
 pub fn sweep_blocking_at(addr: &str, scope: JanitorScope) -> anyhow::Result<usize> {
-    sweep_owner_blocking(addr, None, scope)
+    sweep_owner_blocking(addr, &owner::state_dir(), None, scope)
 }
 
 /// Sweeps the containers of `owner` (default: this node's, see
-/// [`owner::node_owner`]) at `addr`, never cut short; Ok(0) at once when
-/// the unix socket does not exist.
+/// [`owner::node_owner`]) recorded in state folder `state`, at `addr`,
+/// never cut short; Ok(0) at once when the unix socket does not exist.
 pub fn sweep_owner_blocking(
     addr: &str,
+    state: &Path,
     owner: Option<&str>,
     scope: JanitorScope,
 ) -> anyhow::Result<usize> {
-    sweep_until(addr, owner, scope, &CancellationToken::new())
+    sweep_until(addr, state, owner, scope, &CancellationToken::new())
 }
 
 fn sweep_until(
     addr: &str,
+    state: &Path,
     owner: Option<&str>,
     scope: JanitorScope,
     stop: &CancellationToken,
@@ -278,7 +394,7 @@ fn sweep_until(
                 Some(o) => o.to_string(),
                 None => owner::node_owner(docker::whoami(&docker).await?.as_ref())?,
             };
-            sweep(&docker, &owner, scope, stop).await
+            sweep(&docker, state, &owner, scope, stop).await
         };
         tokio::time::timeout(Duration::from_secs(30), work)
             .await
@@ -325,13 +441,32 @@ mod tests {
     }
 
     #[test]
-    fn only_containers_of_a_gone_owner_are_orphans() {
-        assert!(orphaned(None));
-        assert!(
-            !orphaned(Some(false)),
-            "a stopped Ray container keeps its engines"
-        );
-        assert!(!orphaned(Some(true)));
+    fn the_record_holds_full_ids_only_in_a_folder_only_root_writes() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let id = "ab".repeat(32);
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        record_in(dir.path(), &id).unwrap();
+        assert!(record_in(dir.path(), &id[..12]).is_err());
+        assert!(record_in(dir.path(), "../../etc/x").is_err());
+        assert_eq!(recorded(dir.path()), HashSet::from([id.clone()]));
+        forget_in(dir.path(), &id);
+        assert!(recorded(dir.path()).is_empty());
+        // A record folder another user may write proves nothing.
+        record_in(dir.path(), &id).unwrap();
+        let rec = dir.path().join(CREATED_DIR);
+        std::fs::set_permissions(&rec, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(recorded(dir.path()).is_empty());
+        assert!(record_in(dir.path(), &id).is_err());
+        // Nor one reached through a symlink.
+        std::fs::set_permissions(&rec, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let other = tempfile::tempdir().unwrap();
+        std::fs::rename(&rec, other.path().join(CREATED_DIR)).unwrap();
+        std::os::unix::fs::symlink(other.path().join(CREATED_DIR), &rec).unwrap();
+        assert!(recorded(dir.path()).is_empty());
+        assert!(record_in(dir.path(), &id).is_err());
     }
 
     #[test]

@@ -34,11 +34,17 @@ pub fn node_owner(me: Option<&SelfContainer>) -> Result<String, ShimError> {
     if let Some(me) = me {
         return Ok(me.id.clone());
     }
-    let dir = std::env::var("ARGUS_STATE_DIR")
+    host_owner(&state_dir())
+}
+
+/// Returns this node's state folder: `ARGUS_STATE_DIR` (absolute), else
+/// `/run/argus`.
+pub fn state_dir() -> std::path::PathBuf {
+    std::env::var("ARGUS_STATE_DIR")
         .ok()
         .filter(|d| d.starts_with('/'))
-        .unwrap_or_else(|| "/run/argus".into());
-    host_owner(Path::new(&dir))
+        .unwrap_or_else(|| "/run/argus".into())
+        .into()
 }
 
 /// Returns true if and only if `id` is a host node's owner id (or the

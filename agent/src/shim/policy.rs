@@ -465,6 +465,28 @@ pub struct Policy {
     pub start_roots: Option<Vec<PathBuf>>,
     /// The Docker socket's group, which no engine container may join.
     pub socket_gid: Option<u32>,
+    /// The images the edge resolved (the caller's, by full ID), for
+    /// [`Policy::image_allowed`].
+    pub images: Vec<ResolvedImage>,
+    /// The full IDs the allow-list's entries resolved to on this daemon,
+    /// as found at the edge.
+    pub listed_image_ids: HashSet<String>,
+}
+
+/// An image as the daemon resolved a reference to it, once: its full ID
+/// (`sha256:<64 hex>`) and the names the daemon holds for that ID.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ResolvedImage {
+    pub id: String,
+    /// Repo tags and repo digests, as the daemon lists them.
+    pub names: Vec<String>,
+}
+
+/// Returns true if and only if `s` is a full image ID: `sha256:` and 64
+/// lowercase hex digits.
+pub fn is_image_id(s: &str) -> bool {
+    s.strip_prefix("sha256:")
+        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
 
 /// Returns a capability name as Docker compares it (`cap_sys_admin` ->
@@ -618,9 +640,35 @@ impl Policy {
                 })
     }
 
-    /// Returns true if and only if `image` matches the allow-list (or there
-    /// is none). See [`image_matches`].
+    /// Returns true if and only if the image `image` may run (or there is
+    /// no allow-list). Images are compared by full ID (R-SEC-3, issue 26
+    /// hole 6): `image` must be the full ID (`sha256:<64 hex>`) the edge
+    /// resolved the caller's reference to, once ([`ResolvedImage`] in
+    /// [`Policy::images`]), and it is allowed when an allow-list entry
+    /// resolved to that same ID, or when a name the daemon holds for that
+    /// ID (a repo tag or digest) matches an entry ([`image_matches`]: for
+    /// untagged entries and `*` prefixes). A reference that was not
+    /// resolved (a short ID, a prefix, a name of no local image) never
+    /// passes, whatever its spelling.
     pub fn image_allowed(&self, image: &str) -> bool {
+        let Some(list) = &self.allowed_images else {
+            return true;
+        };
+        let Some(r) = self.images.iter().find(|r| r.id == image) else {
+            return false;
+        };
+        is_image_id(&r.id)
+            && (self.listed_image_ids.contains(&r.id)
+                || r.names
+                    .iter()
+                    .any(|n| list.iter().any(|pat| image_matches(pat, n))))
+    }
+
+    /// Returns true if and only if the name `image` may be pulled: it
+    /// matches the allow-list as written (or there is none). Only a gate
+    /// on pulls (disk and registry traffic): what runs is checked by ID
+    /// once pulled ([`Policy::image_allowed`]).
+    pub fn image_name_allowed(&self, image: &str) -> bool {
         match &self.allowed_images {
             None => true,
             Some(list) => list.iter().any(|pat| image_matches(pat, image)),
@@ -1761,12 +1809,29 @@ mod tests {
 
     #[test]
     fn relaxed_lifts_rules_but_not_the_allow_list() {
-        let p = Policy::from_env(|k| match k {
+        let mut p = Policy::from_env(|k| match k {
             "ARGUS_SHIM_POLICY" => Some("relaxed".into()),
             "ARGUS_SHIM_ALLOWED_IMAGES" => Some("registry.local/ray/*, ubuntu".into()),
             _ => None,
         })
         .unwrap();
+        // As the edge resolves them: the caller's image by full ID, with
+        // the names the daemon holds for it.
+        let id = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+        p.images = vec![
+            ResolvedImage {
+                id: id('a'),
+                names: vec!["registry.local/ray/x:1".into()],
+            },
+            ResolvedImage {
+                id: id('b'),
+                names: vec!["ubuntu:latest".into(), "ubuntu@sha256:feed".into()],
+            },
+            ResolvedImage {
+                id: id('c'),
+                names: vec!["evil/ubuntu:latest".into()],
+            },
+        ];
         assert!(check(
             &p,
             &[
@@ -1776,18 +1841,68 @@ mod tests {
                 "/:/host",
                 "--device",
                 "/dev/vda",
-                "registry.local/ray/x:1"
+                &id('a')
             ]
         )
         .is_ok());
-        assert!(check(&p, &["run", "ubuntu"]).is_ok());
-        assert!(check(&p, &["run", "docker.io/library/ubuntu:latest"]).is_ok());
+        assert!(check(&p, &["run", &id('b')]).is_ok());
         assert_eq!(
-            check(&p, &["run", "evil/ubuntu"]),
-            Err(PolicyError::Image {
-                image: "evil/ubuntu".into()
-            })
+            check(&p, &["run", &id('c')]),
+            Err(PolicyError::Image { image: id('c') })
         );
+        // Names are never enough: only a resolved full ID passes.
+        for name in [
+            "ubuntu",
+            "docker.io/library/ubuntu:latest",
+            "registry.local/ray/x:1",
+        ] {
+            assert!(
+                matches!(check(&p, &["run", name]), Err(PolicyError::Image { .. })),
+                "{name}"
+            );
+            assert!(p.image_name_allowed(name), "{name} may be pulled");
+        }
+        assert!(!p.image_name_allowed("evil/ubuntu"));
+    }
+
+    #[test]
+    fn images_are_allowed_by_full_id_never_by_spelling() {
+        let mut p = Policy::from_env(|k| {
+            (k == "ARGUS_SHIM_ALLOWED_IMAGES").then(|| "registry.local/ray/x:1".to_string())
+        })
+        .unwrap();
+        let listed = format!("sha256:{}", "1".repeat(64));
+        let other = format!("sha256:{}", "2".repeat(64));
+        p.listed_image_ids.insert(listed.clone());
+        p.images = vec![
+            ResolvedImage {
+                id: listed.clone(),
+                names: vec![],
+            },
+            // Another image, whatever names it has, is refused.
+            ResolvedImage {
+                id: other.clone(),
+                names: vec!["registry.local/ray/x:2".into(), "ubuntu:latest".into()],
+            },
+        ];
+        assert!(p.image_allowed(&listed));
+        assert!(!p.image_allowed(&other));
+        // Unresolved spellings: prefixes, upper case, short IDs, tags.
+        let hex = "1".repeat(64);
+        for n in 1..64 {
+            assert!(!p.image_allowed(&hex[..n]), "{n}");
+            assert!(!p.image_allowed(&format!("sha256:{}", &hex[..n])), "{n}");
+        }
+        assert!(!p.image_allowed(&listed.to_ascii_uppercase()));
+        assert!(!p.image_allowed(&hex));
+        assert!(!p.image_allowed("registry.local/ray/x:1"));
+        // A resolved entry that is not a full ID never counts.
+        p.images.push(ResolvedImage {
+            id: "registry.local/ray/x:1".into(),
+            names: vec!["registry.local/ray/x:1".into()],
+        });
+        assert!(!p.image_allowed("registry.local/ray/x:1"));
+        assert!(is_image_id(&listed) && !is_image_id(&hex) && !is_image_id("sha256:abc"));
     }
 
     #[test]

@@ -121,6 +121,17 @@ impl Report {
 /// [`MAX_REPORT`] + 1 bytes, so an oversized report is seen as one.
 /// Returns [`Checked::NONE`] when there is no valid report.
 pub fn read(fd: BorrowedFd<'_>) -> Checked {
+    read_with_ids(fd).0
+}
+
+/// The most container IDs a report may name as created.
+pub const MAX_CREATED_IDS: usize = 8;
+
+/// [`read`], and the full IDs of the containers the handler created: the
+/// `C <full id>` lines it wrote, each at once after its create (so a
+/// handler killed later still has its container recorded), before the
+/// report's line.
+pub fn read_with_ids(fd: BorrowedFd<'_>) -> (Checked, Vec<String>) {
     let mut buf = vec![0u8; MAX_REPORT + 1];
     let mut len = 0;
     while len < buf.len() {
@@ -132,7 +143,20 @@ pub fn read(fd: BorrowedFd<'_>) -> Checked {
             Err(_) => break,
         }
     }
-    Report::decode(&buf[..len]).map_or(Checked::NONE, |r| r.checked())
+    let mut rest = &buf[..len];
+    let mut ids = Vec::new();
+    while let Some(line) = rest.strip_prefix(b"C ") {
+        let Some(end) = line.iter().position(|&b| b == b'\n') else {
+            break;
+        };
+        let id = String::from_utf8_lossy(&line[..end]).into_owned();
+        if super::docker::is_full_id(&id) && ids.len() < MAX_CREATED_IDS {
+            ids.push(id);
+        }
+        rest = &line[end + 1..];
+    }
+    let checked = Report::decode(rest).map_or(Checked::NONE, |r| r.checked());
+    (checked, ids)
 }
 
 // ---- the handler's side -----------------------------------------------------
@@ -179,6 +203,18 @@ pub fn note_refusal(label: &'static str) {
 /// Notes an engine container this process created.
 pub fn note_created() {
     CREATED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Tells the broker at once that this process created container `id` (a
+/// full ID), so PID 1 records it as this node's (see
+/// `super::janitor::record_in`): one `C <id>` line, whole or absent.
+pub fn note_created_id(id: &str) {
+    let Some(fd) = PIPE.get() else {
+        return;
+    };
+    if super::docker::is_full_id(id) && !SENT.load(Ordering::SeqCst) {
+        let _ = nix::unistd::write(fd.as_fd(), format!("C {id}\n").as_bytes());
+    }
 }
 
 /// Notes an engine container this process's janitor removed.
@@ -343,6 +379,25 @@ mod tests {
         let mut rest = vec![0u8; 70_000];
         let left = nix::unistd::read(r.as_fd(), &mut rest).unwrap();
         assert_eq!(left, 60_000 - (MAX_REPORT + 1));
+    }
+
+    #[test]
+    fn created_ids_come_before_the_report_and_only_full_ids_count() {
+        let (r, w) = pipe();
+        let a = "a".repeat(64);
+        let mut bytes = format!("C {a}\nC abc\nC {}\n", "B".repeat(64)).into_bytes();
+        bytes.extend(full().encode());
+        nix::unistd::write(&w, &bytes).unwrap();
+        drop(w);
+        let (checked, ids) = read_with_ids(r.as_fd());
+        assert_eq!(checked.command, "run");
+        assert_eq!(ids, vec![a]);
+        // A killed handler: ids, no report.
+        let (r, w) = pipe();
+        nix::unistd::write(&w, format!("C {}\n", "c".repeat(64)).as_bytes()).unwrap();
+        drop(w);
+        let (checked, ids) = read_with_ids(r.as_fd());
+        assert_eq!((checked, ids.len()), (Checked::NONE, 1));
     }
 
     #[test]

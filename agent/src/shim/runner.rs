@@ -20,7 +20,7 @@ use bollard::errors::Error as BollardError;
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
-    DownloadFromContainerOptionsBuilder, InspectContainerOptions, KillContainerOptionsBuilder,
+    DownloadFromContainerOptionsBuilder, KillContainerOptionsBuilder,
     ResizeContainerTTYOptionsBuilder, StartContainerOptions, UploadToContainerOptionsBuilder,
     WaitContainerOptionsBuilder,
 };
@@ -33,9 +33,8 @@ use tokio_util::task::TaskTracker;
 use super::args::{PullPolicy, RunOpts};
 use super::docker::{self, is_not_found, message};
 use super::janitor::{self, JanitorScope};
-use super::labels::LABEL_OWNER;
 use super::owner;
-use super::policy::{caller_ulimits, Policy, PolicyError};
+use super::policy::{caller_ulimits, Policy, PolicyError, ResolvedImage};
 use super::resolve::resolve;
 use super::selfid::SelfContainer;
 use super::translate::{self, BindCopy, Context};
@@ -136,55 +135,121 @@ async fn create(
     docker: &Docker,
     o: &RunOpts,
     body: ContainerCreateBody,
+    shown: &str,
 ) -> Result<String, ShimError> {
-    let opts = || {
-        let mut b = CreateContainerOptionsBuilder::new();
-        if let Some(n) = &o.name {
-            b = b.name(n);
-        }
-        if let Some(p) = &o.platform {
-            b = b.platform(p);
-        }
-        b.build()
-    };
-    if o.pull == PullPolicy::Always {
-        pull(docker, &o.image, o.quiet).await?;
+    let mut b = CreateContainerOptionsBuilder::new();
+    if let Some(n) = &o.name {
+        b = b.name(n);
+    }
+    if let Some(p) = &o.platform {
+        b = b.platform(p);
     }
     watchdog::note_create();
-    match docker.create_container(Some(opts()), body.clone()).await {
-        Ok(r) => {
-            super::report::note_created();
-            return Ok(r.id);
-        }
-        Err(e) if is_not_found(&e) && message(&e).to_ascii_lowercase().contains("image") => {
-            if o.pull == PullPolicy::Never {
-                return Err(ShimError::ImageMissing {
-                    image: o.image.clone(),
-                });
-            }
-        }
-        Err(e) => {
-            return Err(ShimError::docker(format!(
-                "create container from {}",
-                o.image
-            ))(e))
-        }
-    }
-    if !o.quiet {
-        eprintln!("Resolving \"{}\" (image not known locally)", o.image);
-    }
-    pull(docker, &o.image, o.quiet).await?;
-    watchdog::note_create();
+    // The image is the full ID resolved by `resolve_image` (pulled there).
     let id = docker
-        .create_container(Some(opts()), body)
+        .create_container(Some(b.build()), body)
         .await
         .map(|r| r.id)
-        .map_err(ShimError::docker(format!(
-            "create container from {}",
-            o.image
-        )))?;
+        .map_err(ShimError::docker(format!("create container from {shown}")))?;
     super::report::note_created();
+    super::report::note_created_id(&id);
+    janitor::record_created(&id);
     Ok(id)
+}
+
+/// Resolves the image of `o` once, to its full ID (issue 26, hole 6),
+/// pulling it first as `--pull` says (a pull only of a name the allow-list
+/// names); checks that ID against the allow-list, whose entries are
+/// resolved on this daemon too; and puts the ID in `o`, so the container
+/// is created from exactly the image checked (a retag meanwhile changes
+/// nothing). An image that carries the shim's own labels is refused: every
+/// container made from it would inherit them.
+async fn resolve_image(
+    docker: &Docker,
+    o: &mut RunOpts,
+    policy: &mut Policy,
+) -> Result<(), ShimError> {
+    let shown = o.image.clone();
+    let refused = || {
+        ShimError::from(PolicyError::Image {
+            image: shown.clone(),
+        })
+    };
+    if o.pull == PullPolicy::Always {
+        if !policy.image_name_allowed(&shown) {
+            return Err(refused());
+        }
+        pull(docker, &shown, o.quiet).await?;
+    }
+    let i = match docker.inspect_image(&shown).await {
+        Ok(i) => i,
+        Err(e) if is_not_found(&e) => {
+            if o.pull == PullPolicy::Never {
+                return Err(ShimError::ImageMissing { image: shown });
+            }
+            if !policy.image_name_allowed(&shown) {
+                return Err(refused());
+            }
+            if !o.quiet {
+                eprintln!("Resolving \"{shown}\" (image not known locally)");
+            }
+            pull(docker, &shown, o.quiet).await?;
+            docker
+                .inspect_image(&shown)
+                .await
+                .map_err(ShimError::docker(format!("inspect image {shown}")))?
+        }
+        Err(e) => return Err(ShimError::docker(format!("inspect image {shown}"))(e)),
+    };
+    let id = i.id.clone().unwrap_or_default();
+    if let Some(l) = i
+        .config
+        .as_ref()
+        .and_then(|c| c.labels.as_ref())
+        .and_then(|l| {
+            l.keys()
+                .find(|k| k.starts_with(super::labels::LABEL_PREFIX))
+        })
+    {
+        return Err(PolicyError::Flag {
+            flag: "--label",
+            value: format!("{l} (set by the image {shown}: its containers would inherit it)"),
+            rule: "no-shim-labels",
+        }
+        .into());
+    }
+    policy.listed_image_ids = listed_image_ids(docker, policy).await?;
+    let mut names = i.repo_tags.unwrap_or_default();
+    names.extend(i.repo_digests.unwrap_or_default());
+    policy.images.push(ResolvedImage {
+        id: id.clone(),
+        names,
+    });
+    if !policy.image_allowed(&id) {
+        return Err(refused());
+    }
+    o.image = id;
+    Ok(())
+}
+
+/// Returns the full IDs the allow-list's entries name on this daemon now
+/// (entries with `*` name no one image; entries of no local image, none).
+pub async fn listed_image_ids(
+    docker: &Docker,
+    policy: &Policy,
+) -> Result<HashSet<String>, ShimError> {
+    let mut ids = HashSet::new();
+    for entry in policy.allowed_images.iter().flatten() {
+        if entry.ends_with('*') {
+            continue;
+        }
+        match docker.inspect_image(entry).await {
+            Ok(i) => ids.extend(i.id),
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(ShimError::docker(format!("inspect image {entry}"))(e)),
+        }
+    }
+    Ok(ids)
 }
 
 async fn context(
@@ -243,47 +308,88 @@ async fn context(
     })
 }
 
-/// Returns the container references of `o` (`container:X` namespaces, the
-/// name `--replace` would remove) that the shim may touch: those labelled
-/// with `owner`, and a `--replace` name that no container has.
-async fn owned_refs(
+/// What [`resolve_refs`] found: the container references the shim may
+/// touch, and the full ID `--replace` removes.
+struct Refs {
+    /// Full IDs of the containers `container:X` named, when this node
+    /// owns them (the options now name them by these IDs), and the
+    /// `--replace` name when no container has it or this node's has it.
+    owned: HashSet<String>,
+    /// The full ID of the container `--replace --name` removes.
+    replace: Option<String>,
+}
+
+/// Returns true if and only if `r` is a container of `owner` (or any
+/// container, under the relaxed policy).
+fn owns(r: &docker::Resolved, owner: &str, relaxed: bool) -> bool {
+    relaxed || r.owner.as_deref() == Some(owner)
+}
+
+/// Resolves the container references of `o` once, to full IDs (R-SEC-3):
+/// each `container:X` of `--network`, `--pid` and `--ipc` that names a
+/// container of `owner` is rewritten to `container:<full id>`, so the
+/// daemon never resolves X again (a name that is another container's ID
+/// prefix, once its container is gone, would name that one). A reference
+/// that names no container, or one of another owner, is left as it was
+/// and not owned: the policy refuses both alike. `--replace --name X`
+/// removes the container named X by its full ID.
+async fn resolve_refs(
     docker: &Docker,
-    o: &RunOpts,
+    o: &mut RunOpts,
     owner: &str,
-) -> Result<HashSet<String>, ShimError> {
-    let mut refs: Vec<(&str, bool)> = [&o.network, &o.pid, &o.ipc]
+    relaxed: bool,
+) -> Result<Refs, ShimError> {
+    let mut refs = Refs {
+        owned: HashSet::new(),
+        replace: None,
+    };
+    for mode in [&mut o.network, &mut o.pid, &mut o.ipc]
         .into_iter()
         .flatten()
-        .filter_map(|v| v.strip_prefix("container:"))
-        .map(|c| (c, false))
-        .collect();
-    if let (true, Some(name)) = (o.replace, &o.name) {
-        refs.push((name, true));
-    }
-    let mut owned = HashSet::new();
-    for (r, absent_ok) in refs {
-        match docker
-            .inspect_container(r, None::<InspectContainerOptions>)
-            .await
-        {
-            Ok(i) => {
-                let label = i
-                    .config
-                    .and_then(|c| c.labels)
-                    .and_then(|l| l.get(LABEL_OWNER).cloned());
-                if label.as_deref() == Some(owner) {
-                    owned.insert(r.to_string());
-                }
+    {
+        let Some(x) = mode.strip_prefix("container:") else {
+            continue;
+        };
+        match docker::resolve_container(docker, x).await? {
+            Some(r) if owns(&r, owner, relaxed) => {
+                refs.owned.insert(r.id.clone());
+                *mode = format!("container:{}", r.id);
             }
-            Err(e) if is_not_found(&e) => {
-                if absent_ok {
-                    owned.insert(r.to_string());
-                }
+            Some(_) | None if relaxed => {
+                return Err(ShimError::NoSuchContainer(x.to_string()));
             }
-            Err(e) => return Err(ShimError::docker(format!("inspect container {r}"))(e)),
+            Some(_) | None => {}
         }
     }
-    Ok(owned)
+    if let (true, Some(name)) = (o.replace, &o.name) {
+        let bare = name.strip_prefix('/').unwrap_or(name);
+        match docker::resolve_container(docker, bare).await? {
+            None => {
+                refs.owned.insert(name.clone());
+            }
+            // Not hex (refused before): the daemon matched the name.
+            Some(r) if r.name == bare && owns(&r, owner, relaxed) => {
+                refs.owned.insert(name.clone());
+                refs.replace = Some(r.id);
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(refs)
+}
+
+/// Refuses a `--name` that reads as a container ID prefix (R-SEC-3): no
+/// job may own a container whose name another container's ID starts
+/// with, whatever the policy.
+fn check_name(o: &RunOpts) -> Result<(), PolicyError> {
+    match &o.name {
+        Some(n) if docker::looks_like_id(n) => Err(PolicyError::Flag {
+            flag: "--name",
+            value: format!("{n} (a name of hex digits reads as another container's ID)"),
+            rule: "owned-containers-only",
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Returns the `--device` paths of `o` that are character devices here,
@@ -300,7 +406,8 @@ fn present_devices(o: &RunOpts) -> HashSet<String> {
 }
 
 /// Runs `podman run` and returns its exit code.
-pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
+pub async fn run(mut o: RunOpts) -> Result<u8, ShimError> {
+    check_name(&o)?;
     let mut policy = Policy::from_env(|k| std::env::var(k).ok())?;
     let docker = docker::connect().await?;
     let me = docker::whoami(&docker).await?;
@@ -315,10 +422,12 @@ pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(p).ok().map(|m| m.gid())
     });
+    // The caller's spelling, for messages; `o.image` becomes the full ID.
+    let shown = o.image.clone();
+    resolve_image(&docker, &mut o, &mut policy).await?;
     let ctx = context(&docker, &o, me).await?;
-    if !policy.relaxed {
-        policy.owned_refs = owned_refs(&docker, &o, &ctx.owner).await?;
-    }
+    let refs = resolve_refs(&docker, &mut o, &ctx.owner, policy.relaxed).await?;
+    policy.owned_refs = refs.owned;
     // The janitor runs at each shim start, beside the real work, and stops
     // with it.
     let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
@@ -326,12 +435,13 @@ pub async fn run(o: RunOpts) -> Result<u8, ShimError> {
         let (docker, owner, stop) = (docker.clone(), ctx.owner.clone(), stop.clone());
         tasks.spawn(async move {
             let scope = JanitorScope::DeadShims;
-            if let Err(e) = janitor::sweep(&docker, &owner, scope, &stop).await {
+            if let Err(e) = janitor::sweep(&docker, &owner::state_dir(), &owner, scope, &stop).await
+            {
                 tracing::debug!(error = %e, "janitor sweep failed");
             }
         });
     }
-    let code = checked_run(&docker, &policy, &o, &ctx).await;
+    let code = checked_run(&docker, &policy, &o, &ctx, refs.replace.as_deref(), &shown).await;
     stop_tasks(&stop, &tasks).await;
     code
 }
@@ -343,6 +453,8 @@ async fn checked_run(
     policy: &Policy,
     o: &RunOpts,
     ctx: &Context,
+    replace: Option<&str>,
+    shown: &str,
 ) -> Result<u8, ShimError> {
     let plan = translate::translate(o, ctx)?;
     for w in &plan.warnings {
@@ -352,14 +464,15 @@ async fn checked_run(
     policy.check_body(&plan.body)?;
     if policy.relaxed {
         tracing::warn!(
-            image = %o.image,
+            image = %shown,
             "ARGUS_SHIM_POLICY=relaxed: this container is not checked against the default policy"
         );
     }
-    if let (true, Some(name)) = (o.replace, &o.name) {
-        docker::remove(docker, name).await;
+    // By the full ID resolved above, never by the name again.
+    if let Some(id) = replace {
+        docker::remove(docker, id).await;
     }
-    let id = create(docker, o, plan.body.clone()).await?;
+    let id = create(docker, o, plan.body.clone(), shown).await?;
     let code = run_created(docker, o, &plan.copies, &id).await;
     // Detached --rm is Docker's AutoRemove, unless the start failed.
     if o.rm && (!o.detach || !matches!(code, Ok(0))) {

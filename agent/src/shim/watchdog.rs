@@ -117,13 +117,18 @@ fn cleanup(shim_pid: u32, shim_start: u64) {
         let Ok(docker) = docker::connect().await else {
             return;
         };
+        // Only this node's containers (the shim's labels, not an image's).
+        let me = docker::whoami(&docker).await.ok().flatten();
+        let Ok(owner) = super::owner::node_owner(me.as_ref()) else {
+            return;
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if let Ok(n) = janitor::sweep_shim(&docker, shim_pid, shim_start).await {
+            if let Ok(n) = janitor::sweep_shim(&docker, &owner, shim_pid, shim_start).await {
                 if n > 0 {
                     // One more pass for a create that raced the first.
                     tokio::time::sleep(Duration::from_secs(1)).await;
-                    let _ = janitor::sweep_shim(&docker, shim_pid, shim_start).await;
+                    let _ = janitor::sweep_shim(&docker, &owner, shim_pid, shim_start).await;
                     return;
                 }
             }
