@@ -48,6 +48,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// R-SEC-2: a path the agent writes breaks the trusted-path rule.
+    #[error("configuration error: {0}")]
+    Untrusted(String),
     #[error("failed to set up signal handling: {0}")]
     Signals(#[source] std::io::Error),
     #[error("failed to serialise the output: {0}")]
@@ -58,7 +61,10 @@ impl Error {
     /// Returns the process exit code for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Config(_) | Error::NodeIp(_) | Error::MetricsPort { .. } => EX_CONFIG,
+            Error::Config(_)
+            | Error::NodeIp(_)
+            | Error::MetricsPort { .. }
+            | Error::Untrusted(_) => EX_CONFIG,
             Error::Preflight(e) => e.exit_code(),
             Error::Hook(e) => e.exit_code(),
             _ => 1,
