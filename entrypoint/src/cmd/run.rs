@@ -25,8 +25,21 @@ fn drop_supplementary_groups() -> Result<(), Error> {
     if argus_discovery::trust::Identity::current().uid != 0 {
         return Ok(());
     }
-    argus_discovery::trust::drop_supplementary_groups()
-        .map_err(|e| Error::Untrusted(format!("cannot drop the agent's supplementary groups: {e}")))
+    match argus_discovery::trust::drop_supplementary_groups() {
+        Ok(()) => Ok(()),
+        // A user namespace that denies setgroups (unshare --map-root-user):
+        // the groups are the outer user's and cannot be changed there.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::PermissionDenied
+                && std::fs::read_to_string("/proc/self/setgroups")
+                    .is_ok_and(|s| s.trim() == "deny") =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(Error::Untrusted(format!(
+            "cannot drop the agent's supplementary groups: {e}"
+        ))),
+    }
 }
 
 /// R-SEC-2 at start: the discovery folder and `epochs/` (made by the head
