@@ -132,9 +132,21 @@ fn the_agent_writes_discovery_state_as_its_writer_identity() {
     let ray = sb.shared().join("ray");
     std::fs::create_dir(&ray).unwrap();
     chown(&ray, AGENT);
-    let env = head_env(&sb, "h");
+    // The opt-in copy of the log on the share, in a folder of the agent's.
+    let logs = sb.shared().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    chown(&logs, AGENT);
+    let mut env = head_env(&sb, "h");
+    env.insert("ARGUS_LOG_DIR".into(), logs.display().to_string());
     let mut a = Agent::start(&sb, "h", &env);
     a.wait_for("record", Duration::from_secs(20), |_| sb.record().is_some());
+    let log_file = logs.join(log_file_name("head"));
+    let m = std::fs::symlink_metadata(&log_file)
+        .unwrap_or_else(|e| panic!("{}: {e}\n{}", log_file.display(), a.log()));
+    assert_eq!((m.uid(), m.gid()), AGENT, "the log copy's owner");
+    assert!(std::fs::read_to_string(&log_file)
+        .unwrap()
+        .contains("node agent started"));
     let disc = sb.head_file().parent().unwrap().to_path_buf();
     let mut made = Sandbox::files_under(&ray);
     made.extend([
