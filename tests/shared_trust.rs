@@ -213,6 +213,30 @@ fn a_discovery_path_another_user_controls_is_exit_78_with_nothing_written() {
         );
         assert_eq!(std::fs::read_dir(&ray).unwrap().count(), 0, "{case}");
     }
+    // An agent that is not root cannot write as another uid: refused.
+    let sb = sandbox();
+    let mut env = head_env(&sb, "h");
+    env.insert("ARGUS_AGENT_USER".into(), "4242:4243".into());
+    let mut a = Agent::start_with(
+        &sb,
+        "h",
+        &env,
+        &[
+            "setpriv",
+            "--reuid",
+            "1000",
+            "--regid",
+            "100",
+            "--clear-groups",
+        ],
+    );
+    let (status, _) = a.wait_exit(Duration::from_secs(20)).unwrap();
+    assert_eq!(status.code(), Some(78), "{}", a.log());
+    assert!(
+        a.log().contains("ARGUS_AGENT_USER 4242:4243"),
+        "{}",
+        a.log()
+    );
     // The head cannot make its folders in a root-owned 0755 /private: a
     // writer without root's override is refused (78), nothing appears.
     let sb = sandbox();

@@ -83,6 +83,12 @@ fn check_discovery_paths(cfg: &Config) -> Result<(), Error> {
                 Ok(())
             }
         }
+        // The thread could not take the identity (the agent is not root
+        // and ARGUS_AGENT_USER is not its own): nothing could be written.
+        Err(e @ argus::storage::StorageError::Gone { .. }) => Err(Error::Untrusted(format!(
+            "ARGUS_AGENT_USER {}:{}: cannot write as it ({e}); the agent must be root, or run as that uid:gid",
+            cfg.agent_user.uid, cfg.agent_user.gid
+        ))),
         Err(e) => {
             warn!(error = %e, "cannot check the discovery folder yet; the node retries");
             Ok(())
