@@ -419,6 +419,13 @@ impl OneBox {
         for d in ["", "private", "models"] {
             set_mode(&dir.join(d), 0o755);
         }
+        // The folders docs/deploy.md has the operator make on the share:
+        // discovery the agent user's (990:990), jobs/ the Ray user's.
+        for (d, uid, gid) in [("private/ray", 990, 990), ("private/jobs", 1000, 100)] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+            set_mode(&dir.join(d), 0o755);
+            std::os::unix::fs::chown(dir.join(d), Some(uid), Some(gid)).unwrap();
+        }
         OneBox {
             prefix,
             dir,

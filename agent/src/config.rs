@@ -247,6 +247,7 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_SHARED_ROOT", D, Kind::Path, Value("/private"), "shared storage root"),
     var("ARGUS_CLUSTER_NAME", D, Kind::Name, Value("argus-ray"), "cluster name; several clusters may share one root"),
     var("ARGUS_HEAD_IP_FILE", D, Kind::Path, Computed("${ARGUS_SHARED_ROOT}/ray/discovery/${ARGUS_CLUSTER_NAME}/head.json"), "the discovery record"),
+    var("ARGUS_AGENT_USER", D, Kind::Text, Unset("(the agent's own uid:gid; the node image: 990:990)"), "numeric `uid:gid` that writes discovery state on shared storage (works with NFS root squash); not root in the image, never the Ray user"),
     var("ARGUS_RAY_PORT", N, Kind::Port, Value("6379"), "GCS port"),
     var("ARGUS_DASHBOARD_PORT", N, Kind::Port, Value("8265"), "dashboard / job server port"),
     var("ARGUS_RAY_NODE_MANAGER_PORT", N, Kind::Port, Unset("(Ray's: random)"), "`ray start --node-manager-port` (the raylet)"),
@@ -263,7 +264,7 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_NODE_IP", N, Kind::Ip, Value("auto"), "override node IP detection: this address, or this node's address in a network (CIDR)"),
     var("ARGUS_WORKER_RESOURCES_KV", N, Kind::Resources, Value("worker_node=100"), "a worker's `ray start --resources`"),
     var("ARGUS_RAY_EXTRA_ARGS", N, Kind::Words, Value(""), "extra `ray start` arguments (not the agent's own)"),
-    var("ARGUS_LOG_DIR", L, Kind::Path, Computed("${ARGUS_SHARED_ROOT}/common/logs"), "folder of the agent log file"),
+    var("ARGUS_LOG_DIR", L, Kind::Path, Value("/var/log/argus"), "folder of the agent log file and preflight reports, in the node; every folder on its path owned by root or ARGUS_AGENT_USER and not writable by others (else exit 78)"),
     var("ARGUS_LOG_FORMAT", L, Kind::Choice(&["text", "json"]), Value("text"), "log line format"),
     var("ARGUS_LOG_LEVEL", L, Kind::Choice(&["error", "warn", "info", "debug", "trace"]), Value("info"), "log level (`preflight` alone: warn)"),
     var("ARGUS_PREFLIGHT", P, Kind::Choice(&["auto", "require", "skip"]), Value("auto"), "GPU checks: when GPUs are expected, always, or never"),
@@ -647,6 +648,28 @@ pub struct Discovery {
     pub shared_root: PathBuf,
     pub cluster_name: String,
     pub head_file: PathBuf,
+    /// The identity that writes (and owns) discovery state.
+    pub agent_user: argus_discovery::trust::Identity,
+}
+
+/// Parses ARGUS_AGENT_USER: numbers only, `uid:gid` (`0990` is 990).
+pub fn parse_agent_user(v: &str) -> Result<argus_discovery::trust::Identity, String> {
+    let num = |s: &str| -> Result<u32, String> {
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return Err("must be numeric `uid:gid` (names are refused)".into());
+        }
+        s.parse::<u32>()
+            .ok()
+            .filter(|n| *n != u32::MAX)
+            .ok_or_else(|| "uid or gid out of range".to_string())
+    };
+    let (u, g) = v
+        .split_once(':')
+        .ok_or_else(|| "must be numeric `uid:gid` (both)".to_string())?;
+    Ok(argus_discovery::trust::Identity {
+        uid: num(u)?,
+        gid: num(g)?,
+    })
 }
 
 impl Discovery {
@@ -667,10 +690,17 @@ impl Discovery {
                 "must name a file",
             ));
         }
+        let agent_user = match r.text("ARGUS_AGENT_USER")? {
+            Some(v) => {
+                parse_agent_user(&v).map_err(|why| ConfigError::new("ARGUS_AGENT_USER", &v, why))?
+            }
+            None => argus_discovery::trust::Identity::current(),
+        };
         Ok(Self {
             shared_root,
             cluster_name,
             head_file,
+            agent_user,
         })
     }
 }
@@ -689,7 +719,8 @@ impl Logging {
     /// Reads the logging variables; the log folder defaults under
     /// `shared_root`.
     pub fn read(r: &mut Reader, shared_root: &Path) -> Result<Self, ConfigError> {
-        let dir = r.path("ARGUS_LOG_DIR", || shared_root.join("common/logs"))?;
+        let _ = shared_root;
+        let dir = r.path("ARGUS_LOG_DIR", || PathBuf::from("/var/log/argus"))?;
         let format = match r.choice("ARGUS_LOG_FORMAT")? {
             "json" => LogFormat::Json,
             _ => LogFormat::Text,
@@ -816,6 +847,8 @@ pub struct Config {
     pub shared_root: PathBuf,
     pub cluster_name: String,
     pub head_file: PathBuf,
+    /// ARGUS_AGENT_USER: who writes discovery state.
+    pub agent_user: argus_discovery::trust::Identity,
     pub ray_port: u16,
     pub dashboard_port: u16,
     pub ttl: Duration,
@@ -961,6 +994,7 @@ impl Config {
             shared_root,
             cluster_name,
             head_file,
+            agent_user,
         } = Discovery::read(&mut r)?;
         let ray_port = r.port("ARGUS_RAY_PORT")?;
         let dashboard_port = r.port("ARGUS_DASHBOARD_PORT")?;
@@ -1031,6 +1065,17 @@ impl Config {
         let metrics_linger = r.seconds("ARGUS_METRICS_LINGER_S")?;
         let ray_bin = r.value("ARGUS_RAY_BIN")?.unwrap_or_default();
         let ray_user = read_ray_user(&mut r)?;
+        // R-SEC-2: the Ray user must not own discovery state it reads.
+        if let Some(u) = &ray_user {
+            let own = argus_discovery::trust::Identity::current();
+            if u.uid == agent_user.uid && u.uid != own.uid {
+                return Err(ConfigError::new(
+                    "ARGUS_AGENT_USER",
+                    &format!("{}:{}", agent_user.uid, agent_user.gid),
+                    "must not be the Ray user (ARGUS_RAY_USER): the Ray user must not write discovery state",
+                ));
+            }
+        }
         if !hook.as_root {
             hook.run_as = ray_user.clone();
         }
@@ -1060,6 +1105,7 @@ impl Config {
             shared_root,
             cluster_name,
             head_file,
+            agent_user,
             ray_port,
             dashboard_port,
             ttl,
@@ -1267,6 +1313,41 @@ mod tests {
         cfg(pairs).expect_err("expected a config error")
     }
 
+    /// ARGUS_AGENT_USER is numbers (R-SEC-1 style): `0990` is 990, names
+    /// and half values refused; it may not be the Ray user.
+    #[test]
+    fn the_agent_user_is_numeric_uid_gid_and_not_the_ray_user() {
+        let id = |u, g| argus_discovery::trust::Identity { uid: u, gid: g };
+        assert_eq!(parse_agent_user("990:990"), Ok(id(990, 990)));
+        assert_eq!(parse_agent_user("0990:00990"), Ok(id(990, 990)));
+        for bad in [
+            "argus",
+            "990",
+            "990:",
+            ":990",
+            "argus:990",
+            "990:argus",
+            "-1:0",
+            "+990:990",
+            "990:990:1",
+            "4294967295:0",
+            "99999999999:0",
+            " 990:990",
+        ] {
+            assert!(parse_agent_user(bad).is_err(), "{bad}");
+        }
+        if argus_discovery::trust::Identity::current().uid == 0 {
+            let e = Config::from_lookup(|k| match k {
+                "ARGUS_ROLE" => Some("worker".into()),
+                "ARGUS_RAY_USER" => Some("1000:100".into()),
+                "ARGUS_AGENT_USER" => Some("01000:100".into()),
+                _ => None,
+            })
+            .unwrap_err();
+            assert_eq!(e.var, "ARGUS_AGENT_USER", "{e}");
+        }
+    }
+
     #[test]
     fn defaults_follow_the_spec() {
         let c = cfg(&[("ARGUS_ROLE", "worker")]).unwrap();
@@ -1287,7 +1368,7 @@ mod tests {
             Some(r#"{"worker_node":100.0}"#)
         );
         assert!(c.ray_extra_args.is_empty());
-        assert_eq!(c.log.dir, PathBuf::from("/private/common/logs"));
+        assert_eq!(c.log.dir, PathBuf::from("/var/log/argus"));
         assert_eq!(c.preflight.mode, PreflightMode::Auto);
         assert_eq!(c.hook.path, PathBuf::from("/opt/argus/ray-prestart"));
         assert!(!c.hook.disabled);
@@ -1322,7 +1403,7 @@ mod tests {
             c.head_file,
             PathBuf::from("/shared/ray/discovery/c1/head.json")
         );
-        assert_eq!(c.log.dir, PathBuf::from("/shared/common/logs"));
+        assert_eq!(c.log.dir, PathBuf::from("/var/log/argus"));
         assert_eq!((c.ray_port, c.dashboard_port), (7000, 7001));
         assert_eq!(c.refresh, Duration::from_millis(2500));
         assert_eq!(c.node_ip, Some("10.0.0.7".parse().unwrap()));
@@ -1575,7 +1656,7 @@ mod tests {
         assert_eq!(find("ARGUS_RAY_PORT").source, Source::Default);
         assert_eq!(
             find("ARGUS_LOG_DIR").value.as_deref(),
-            Some("/private/common/logs")
+            Some("/var/log/argus")
         );
         // Every variable of the table is read (and so shown) by `run`.
         let names: Vec<&str> = c.settings.iter().map(|s| s.name).collect();

@@ -11,10 +11,19 @@
 //! [`StorageError::Busy`] instead of queueing behind it, so a hung mount
 //! costs the loop one timeout, not one per tick. When the stuck call
 //! returns, the thread serves again.
+//!
+//! The thread writes as the agent's writer identity (ARGUS_AGENT_USER,
+//! [`argus_discovery::trust::agent`]): it switches its own fsuid/fsgid
+//! first thing, so it has no CAP_DAC_OVERRIDE/CAP_FOWNER for file checks
+//! (a folder another user owns is EACCES), and on NFS with root squash the
+//! server sees that uid. Every path it opens goes through
+//! [`argus_discovery::trust`] (R-SEC-2).
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use argus_discovery::trust::Identity;
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
@@ -47,12 +56,23 @@ pub struct Storage {
 }
 
 impl Storage {
-    /// Starts the storage thread.
+    /// Starts the storage thread as the agent's writer identity.
     pub fn start() -> Self {
+        Self::start_as(argus_discovery::trust::agent())
+    }
+
+    /// Starts the storage thread with the file-system identity `id`; if
+    /// the thread cannot take it, it serves nothing (every call is
+    /// [`StorageError::Gone`]): never a write as root instead.
+    pub fn start_as(id: Identity) -> Self {
         let (tx, rx): (Sender<Job>, Receiver<Job>) = mpsc::channel();
         let spawned = std::thread::Builder::new()
             .name("storage".into())
             .spawn(move || {
+                if let Err(e) = argus_discovery::trust::become_identity(id) {
+                    tracing::error!(error = %e, "the storage thread cannot take the agent's identity");
+                    return;
+                }
                 for job in rx {
                     job();
                 }
@@ -179,6 +199,46 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(s.run("after", Duration::from_secs(30), || 7), Ok(7));
+    }
+
+    /// R-SEC-2: the storage thread, started by root with another writer
+    /// identity, has no CAP_DAC_OVERRIDE for file checks: it cannot write
+    /// a root-owned 0755 folder, and what it writes in its own folder is
+    /// owned by it. Needs root (CI runs tests as root).
+    #[test]
+    fn the_storage_thread_writes_as_the_agent_identity_only() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        if Identity::current().uid != 0 {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let root_owned = t.path().join("root-owned");
+        std::fs::create_dir(&root_owned).unwrap();
+        std::fs::set_permissions(&root_owned, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let own = t.path().join("own");
+        std::fs::create_dir(&own).unwrap();
+        std::os::unix::fs::chown(&own, Some(4242), Some(4243)).unwrap();
+        let s = Storage::start_as(Identity {
+            uid: 4242,
+            gid: 4243,
+        });
+        let (a, b) = (root_owned.join("x"), own.join("y"));
+        let wrote = s
+            .run("write", Duration::from_secs(30), move || {
+                (
+                    std::fs::write(&a, b"x").map_err(|e| e.kind()),
+                    std::fs::write(&b, b"y").map_err(|e| e.kind()),
+                )
+            })
+            .unwrap();
+        assert_eq!(wrote.0, Err(std::io::ErrorKind::PermissionDenied));
+        assert_eq!(wrote.1, Ok(()));
+        assert!(!root_owned.join("x").exists());
+        let m = std::fs::metadata(own.join("y")).unwrap();
+        assert_eq!((m.uid(), m.gid()), (4242, 4243));
+        // The caller's own identity is unchanged (per-thread).
+        std::fs::write(root_owned.join("z"), b"z").unwrap();
     }
 
     #[test]

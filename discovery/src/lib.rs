@@ -15,8 +15,9 @@ pub mod lease;
 pub mod publish;
 pub mod read;
 pub mod record;
+pub mod trust;
 
-pub use claim::{claim_generation, highest_generation, ClaimError};
+pub use claim::{claim_generation, highest_generation, scan_generations, ClaimError, Scan};
 pub use lease::Lease;
 pub use publish::{
     prune_stale_temps, publish, publish_volatile, publish_watched, PublishError, STAGING_DIR,

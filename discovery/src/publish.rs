@@ -4,9 +4,13 @@
 //! new bytes, never a mix. A writer killed before the rename leaves its temp
 //! file behind; [`prune_stale_temps`] removes such leftovers.
 
+use std::ffi::{OsStr, OsString};
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
+
+use crate::trust;
 
 /// What failed while publishing, and where.
 #[derive(Debug, thiserror::Error)]
@@ -34,8 +38,10 @@ pub enum PublishError {
 }
 
 /// Atomically replaces `path` with `bytes`, creating the directory if needed.
+/// Every folder on the way is checked and nothing is followed through a
+/// link ([`crate::trust`]).
 pub fn publish(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
-    replace(path, bytes, true, None)
+    replace(path, bytes, true, false)
 }
 
 /// The folder, next to a watched file, where [`publish_watched`] writes its
@@ -48,11 +54,10 @@ pub const STAGING_DIR: &str = ".staging";
 /// watched folder sees one event per publish (the rename onto the file)
 /// instead of four (the temp file's create, close-after-write and move
 /// out, then the move in), each waking every watcher. Falls back to the
-/// same folder if the subfolder cannot be created.
+/// same folder if the subfolder cannot be created or is not a trusted
+/// folder (a symlink to another file system is never followed).
 pub fn publish_watched(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
-    let staging = path.parent().map(|d| d.join(STAGING_DIR));
-    let staging = staging.filter(|s| std::fs::create_dir_all(s).is_ok());
-    replace(path, bytes, true, staging.as_deref())
+    replace(path, bytes, true, true)
 }
 
 /// How much older than the record a temp file left in [`STAGING_DIR`] (or
@@ -61,43 +66,49 @@ pub fn publish_watched(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
 /// writing it and the rename leaves it for good.
 pub const STALE_TEMP_AGE: Duration = Duration::from_secs(600);
 
+fn mtime(st: &libc::stat) -> SystemTime {
+    let secs = Duration::new(
+        st.st_mtime.max(0) as u64,
+        st.st_mtime_nsec.clamp(0, 999_999_999) as u32,
+    );
+    SystemTime::UNIX_EPOCH + secs
+}
+
 /// Removes the temp files that earlier publishes of `path` left behind (a
 /// head killed mid-publish), in [`STAGING_DIR`] and in `path`'s own folder:
-/// only files named as [`publish`] names them, and only those whose
+/// only regular files named as [`publish`] names them, and only those whose
 /// modification time is at least `older_than` before `path`'s own. Both
 /// times come from the file server's clock, so the nodes' clocks need not
 /// agree. Call it right after publishing `path`. Returns how many were
-/// removed.
+/// removed. Folders are opened through [`crate::trust`]; names are removed
+/// relative to them, never through a link.
 pub fn prune_stale_temps(path: &Path, older_than: Duration) -> std::io::Result<usize> {
-    let reference = std::fs::metadata(path)?.modified()?;
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-        return Ok(0);
-    };
+    let (dir, name) = trust::split(path)?;
+    let dir_fd = trust::open_dir(dir, false)?;
+    let reference = mtime(&trust::lstat_at(dir_fd.as_raw_fd(), name)?);
     let prefix = format!(".{}.", name.to_string_lossy());
+    let staging = match trust::open_dir(&dir.join(STAGING_DIR), false) {
+        Ok(fd) => Some(fd),
+        Err(e) if e.is_missing() || e.is_breach() => None,
+        Err(e) => return Err(e.into()),
+    };
     let mut removed = 0;
-    for folder in [dir.join(STAGING_DIR), dir.to_path_buf()] {
-        let entries = match std::fs::read_dir(&folder) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => continue,
-            Err(e) => return Err(e),
-        };
-        for entry in entries {
-            let entry = entry?;
-            let file_name = entry.file_name();
-            let n = file_name.to_string_lossy();
-            if !(n.starts_with(&prefix) && n.ends_with(".tmp")) {
+    for folder in staging.iter().chain(std::iter::once(&dir_fd)) {
+        let fd = folder.as_raw_fd();
+        for n in trust::list(fd)? {
+            let s = n.to_string_lossy();
+            if !(s.starts_with(&prefix) && s.ends_with(".tmp")) {
                 continue;
             }
-            let Ok(meta) = entry.metadata() else { continue };
-            let stale = meta.is_file()
-                && meta
-                    .modified()
-                    .ok()
-                    .and_then(|m| reference.duration_since(m).ok())
-                    .is_some_and(|age| age >= older_than);
+            let Ok(st) = trust::lstat_at(fd, &n) else {
+                continue;
+            };
+            let stale = st.st_mode & libc::S_IFMT == libc::S_IFREG
+                && reference
+                    .duration_since(mtime(&st))
+                    .is_ok_and(|age| age >= older_than);
             if stale {
-                match std::fs::remove_file(entry.path()) {
+                match trust::unlink_at(fd, &n) {
                     Ok(()) => removed += 1,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => return Err(e),
@@ -113,62 +124,86 @@ pub fn prune_stale_temps(path: &Path, older_than: Duration) -> std::io::Result<u
 /// state rewritten every few seconds (the status file on tmpfs), where an
 /// fsync is pure cost.
 pub fn publish_volatile(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
-    replace(path, bytes, false, None)
+    replace(path, bytes, false, false)
 }
 
-/// Writes `bytes` to a temp file in `staging` (default: `path`'s folder, on
-/// the same file system) and renames it over `path`.
-fn replace(
-    path: &Path,
-    bytes: &[u8],
-    durable: bool,
-    staging: Option<&Path>,
-) -> Result<(), PublishError> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .ok_or_else(|| PublishError::NoParent {
-            path: path.to_path_buf(),
-        })?;
-    std::fs::create_dir_all(dir).map_err(|source| PublishError::CreateDir {
-        path: dir.to_path_buf(),
-        source,
+/// A temp file name no other writer picks: `.<name>.<random>.tmp`.
+fn temp_name(name: &OsStr) -> OsString {
+    let mut r = [0u8; 8];
+    // SAFETY: r is a valid buffer of its length.
+    let got = unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
+    let n = if got == r.len() as isize {
+        u64::from_ne_bytes(r)
+    } else {
+        let t = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        t.as_nanos() as u64 ^ u64::from(std::process::id()).rotate_left(32)
+    };
+    let mut s = OsString::from(".");
+    s.push(name);
+    s.push(format!(".{n:016x}.tmp"));
+    s
+}
+
+/// Writes `bytes` to a temp file (in a [`STAGING_DIR`] subfolder when
+/// `staged`, else `path`'s folder) and renames it over `path`, all
+/// relative to verified folder descriptors.
+fn replace(path: &Path, bytes: &[u8], durable: bool, staged: bool) -> Result<(), PublishError> {
+    let (dir, name) = trust::split(path).map_err(|_| PublishError::NoParent {
+        path: path.to_path_buf(),
     })?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp_dir = staging.unwrap_or(dir);
+    let dir_fd = trust::open_dir(dir, true).map_err(|e| PublishError::CreateDir {
+        path: dir.to_path_buf(),
+        source: e.into(),
+    })?;
+    let staging = staged
+        .then(|| trust::open_dir(&dir.join(STAGING_DIR), true).ok())
+        .flatten();
+    let tmp_fd = staging.as_ref().unwrap_or(&dir_fd).as_raw_fd();
+    let tmp_dir = if staging.is_some() {
+        dir.join(STAGING_DIR)
+    } else {
+        dir.to_path_buf()
+    };
     let write_err = |source| PublishError::Write {
-        dir: tmp_dir.to_path_buf(),
+        dir: tmp_dir.clone(),
         source,
     };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".tmp")
-        .tempfile_in(tmp_dir)
-        .map_err(write_err)?;
-    tmp.write_all(bytes).map_err(write_err)?;
-    if durable {
-        tmp.as_file().sync_all().map_err(write_err)?;
-    }
-    // Readable by workers running as other users.
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = tmp
-            .as_file()
-            .set_permissions(std::fs::Permissions::from_mode(0o644));
-    }
+    let tmp = temp_name(name);
+    let fd = trust::open_at(
+        tmp_fd,
+        &tmp,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+        0o644,
+    )
+    .map_err(write_err)?;
+    let mut file = std::fs::File::from(fd);
+    let written = file
+        .write_all(bytes)
+        .and_then(|_| if durable { file.sync_all() } else { Ok(()) })
+        // Readable by workers running as other users, whatever the umask.
+        .and_then(|_| {
+            use std::os::unix::fs::PermissionsExt;
+            file.set_permissions(std::fs::Permissions::from_mode(0o644))
+        });
     // Closed before the rename: a close after it would raise a second
     // file event (IN_CLOSE_WRITE) under the record's name, and every
     // watching worker would read the record twice per publish.
-    let tmp = tmp.into_temp_path();
-    tmp.persist(path).map_err(|e| PublishError::Rename {
-        path: path.to_path_buf(),
-        source: e.error,
-    })?;
+    drop(file);
+    if let Err(e) = written {
+        let _ = trust::unlink_at(tmp_fd, &tmp);
+        return Err(write_err(e));
+    }
+    if let Err(source) = trust::rename_at(tmp_fd, &tmp, dir_fd.as_raw_fd(), name) {
+        let _ = trust::unlink_at(tmp_fd, &tmp);
+        return Err(PublishError::Rename {
+            path: path.to_path_buf(),
+            source,
+        });
+    }
     if durable {
-        sync_dir(dir);
+        let _ = std::fs::File::from(dir_fd).sync_all();
     }
     Ok(())
 }
@@ -176,8 +211,8 @@ fn replace(
 /// Fsyncs a directory so a rename in it is durable; some file systems
 /// refuse (EINVAL), which is harmless: their renames are synchronous.
 pub fn sync_dir(dir: &Path) {
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
+    if let Ok(d) = trust::open_dir(dir, false) {
+        let _ = std::fs::File::from(d).sync_all();
     }
 }
 
@@ -263,6 +298,35 @@ mod tests {
         // Nothing left to remove; no record, nothing to compare with.
         assert_eq!(prune_stale_temps(&path, STALE_TEMP_AGE).unwrap(), 0);
         assert!(prune_stale_temps(&dir.path().join("none.json"), STALE_TEMP_AGE).is_err());
+    }
+
+    /// R-SEC-2: a symlink planted as `.staging`, as the record's folder
+    /// or as a folder above it is never written through.
+    #[test]
+    fn links_planted_in_place_of_a_folder_are_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let canary = dir.path().join("canary");
+        std::fs::create_dir(&canary).unwrap();
+        let d = dir.path().join("disc");
+        std::fs::create_dir(&d).unwrap();
+        std::os::unix::fs::symlink(&canary, d.join(STAGING_DIR)).unwrap();
+        publish_watched(&d.join("head.json"), b"{}").unwrap();
+        assert_eq!(std::fs::read(d.join("head.json")).unwrap(), b"{}");
+        std::os::unix::fs::symlink(&canary, dir.path().join("linked")).unwrap();
+        let e = publish(&dir.path().join("linked/head.json"), b"x").unwrap_err();
+        assert!(e.to_string().contains("linked is a symlink"), "{e}");
+        let e = publish(&dir.path().join("linked/sub/head.json"), b"x").unwrap_err();
+        assert!(e.to_string().contains("linked is a symlink"), "{e}");
+        assert_eq!(std::fs::read_dir(&canary).unwrap().count(), 0);
+        // The record itself a link to a file: replaced, never written through.
+        let file = dir.path().join("canary.txt");
+        std::fs::write(&file, b"orig").unwrap();
+        std::os::unix::fs::symlink(&file, d.join("x.json")).unwrap();
+        publish(&d.join("x.json"), b"new").unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"orig");
+        assert!(std::fs::symlink_metadata(d.join("x.json"))
+            .unwrap()
+            .is_file());
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! cap, and one retry on ENOENT/ESTALE within the same poll.
 
 use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+
+use crate::trust;
 
 use crate::record::{HeadRecord, RecordError, MAX_RECORD_BYTES};
 
@@ -18,6 +21,10 @@ pub enum ReadError {
         #[source]
         source: std::io::Error,
     },
+    /// The file, or a folder on its way, is not the agent's: a forged
+    /// record to log and ignore (R-SEC-2), never to act on.
+    #[error("{0}")]
+    Untrusted(String),
     #[error("{path}: invalid head record: {source}")]
     Bad {
         path: PathBuf,
@@ -35,33 +42,62 @@ impl ReadError {
     }
 }
 
-/// Reads up to `MAX_RECORD_BYTES + 1` bytes of `path` with a fresh open.
+/// Reads up to `MAX_RECORD_BYTES + 1` bytes of `path` with a fresh open:
+/// its folder is opened through trusted components ([`crate::trust`]),
+/// the file with `O_NOFOLLOW`, and it must be a regular file owned by the
+/// agent identity ([`ReadError::Untrusted`] otherwise).
 pub fn read_raw(path: &Path) -> Result<Vec<u8>, ReadError> {
-    let attempt = || -> std::io::Result<Vec<u8>> {
-        let f = std::fs::File::open(path)?;
+    let attempt = || -> Result<Vec<u8>, ReadError> {
+        let io = |source: std::io::Error| ReadError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let missing = || ReadError::Missing {
+            path: path.to_path_buf(),
+        };
+        let (dir, name) = trust::split(path).map_err(io)?;
+        let dir_fd = match trust::open_dir(dir, false) {
+            Ok(fd) => fd,
+            Err(e) if e.is_missing() => return Err(missing()),
+            Err(e) if e.is_breach() => return Err(ReadError::Untrusted(e.to_string())),
+            Err(e) => return Err(io(e.into())),
+        };
+        let fd = match trust::open_at(dir_fd.as_raw_fd(), name, libc::O_RDONLY, 0) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing()),
+            Err(e)
+                if e.raw_os_error() == Some(libc::ELOOP)
+                    || trust::lstat_at(dir_fd.as_raw_fd(), name)
+                        .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK) =>
+            {
+                return Err(ReadError::Untrusted(format!(
+                    "{} is a symlink: ignored",
+                    path.display()
+                )))
+            }
+            Err(e) => return Err(io(e)),
+        };
+        let st = trust::fstat(fd.as_raw_fd()).map_err(io)?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return Err(io(std::io::Error::from_raw_os_error(libc::EISDIR)));
+        }
+        trust::check_file(path, &st).map_err(|e| ReadError::Untrusted(e.to_string()))?;
         let mut buf = Vec::with_capacity(1024);
-        f.take(MAX_RECORD_BYTES as u64 + 1).read_to_end(&mut buf)?;
+        std::fs::File::from(fd)
+            .take(MAX_RECORD_BYTES as u64 + 1)
+            .read_to_end(&mut buf)
+            .map_err(io)?;
         Ok(buf)
     };
-    let retryable = |e: &std::io::Error| {
-        e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESTALE)
+    let retryable = |e: &ReadError| match e {
+        ReadError::Missing { .. } => true,
+        ReadError::Io { source, .. } => source.raw_os_error() == Some(libc::ESTALE),
+        _ => false,
     };
-    let res = match attempt() {
+    match attempt() {
         Err(e) if retryable(&e) => attempt(),
         other => other,
-    };
-    res.map_err(|source| {
-        if source.kind() == std::io::ErrorKind::NotFound {
-            ReadError::Missing {
-                path: path.to_path_buf(),
-            }
-        } else {
-            ReadError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
-        }
-    })
+    }
 }
 
 /// Reads and validates the record at `path`, returning it with its bytes.
@@ -106,6 +142,26 @@ mod tests {
         assert!(matches!(e, ReadError::Io { .. }), "{e:?}");
         publish(&p, &sample().to_bytes()).unwrap();
         assert_eq!(read_record(&p).unwrap().0, sample());
+    }
+
+    /// Hole 5: a record the agent did not write (another owner, a link)
+    /// is never taken, however valid its bytes.
+    #[test]
+    fn a_record_the_agent_did_not_write_is_untrusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("head.json");
+        let real = dir.path().join("elsewhere.json");
+        publish(&real, &sample().to_bytes()).unwrap();
+        std::os::unix::fs::symlink(&real, &p).unwrap();
+        assert!(matches!(read_record(&p), Err(ReadError::Untrusted(_))));
+        std::fs::remove_file(&p).unwrap();
+        if crate::trust::Identity::current().uid == 0 {
+            publish(&p, &sample().to_bytes()).unwrap();
+            std::os::unix::fs::chown(&p, Some(1000), Some(100)).unwrap();
+            let e = read_record(&p).unwrap_err();
+            assert!(matches!(e, ReadError::Untrusted(_)), "{e}");
+            assert!(e.to_string().contains("uid 1000"), "{e}");
+        }
     }
 
     /// A publisher refreshing thousands of times while readers read

@@ -161,6 +161,12 @@ impl HeadRecord {
         if self.generation == 0 {
             return Err(invalid("generation", "must be at least 1"));
         }
+        if self.generation > crate::claim::MAX_GENERATION {
+            return Err(invalid(
+                "generation",
+                format!("must be at most {}", crate::claim::MAX_GENERATION),
+            ));
+        }
         if !(self.ttl_s.is_finite() && self.ttl_s > 0.0 && self.ttl_s <= 86_400.0) {
             return Err(invalid(
                 "ttl_s",
@@ -278,6 +284,8 @@ pub(crate) mod tests {
             (with("instance_id", json!("")), "Invalid"),
             (with("holder_id", json!("a\nb")), "Invalid"),
             (with("generation", json!(0)), "Invalid"),
+            (with("generation", json!(u64::MAX)), "Invalid"),
+            (with("generation", json!(999_999_999_999_999u64)), "Invalid"),
             (with("ttl_s", json!(0)), "Invalid"),
             (with("ttl_s", json!(-5)), "Invalid"),
         ];

@@ -1,8 +1,21 @@
 //! Logging (R-OPS-2): human text by default or JSON, always to stderr and,
 //! when the folder can be created, to a file in ARGUS_LOG_DIR that rotates
 //! daily (the last 7 days are kept).
+//!
+//! R-SEC-2: the log folder is opened once, at start, through trusted
+//! components ([`argus_discovery::trust`]); a folder on the way that
+//! another user could change refuses the start (exit 78). The files are
+//! then opened and removed relative to that folder's descriptor, never
+//! through a link, at start and at each daily rotation. When the folder
+//! belongs to the agent's writer identity (an opt-in copy on shared
+//! storage), the writer thread writes as that identity, never as root.
 
+use std::ffi::{OsStr, OsString};
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
+
+use argus_discovery::trust;
 
 use argus::config::LogFormat;
 use tracing_subscriber::fmt::MakeWriter;
@@ -32,8 +45,8 @@ where
 }
 
 /// Days of log files each node keeps in ARGUS_LOG_DIR (one file a day,
-/// `<name>.<YYYY-MM-DD>`; older ones are deleted at rotation), so that a
-/// node's share of the shared folder stays bounded.
+/// `<name>.<YYYY-MM-DD>`, UTC; older ones are deleted at rotation), so that
+/// the folder stays bounded.
 const LOG_FILES_KEPT: usize = 7;
 
 /// Lines the log file's queue holds before dropping. The queue's slots are
@@ -52,48 +65,135 @@ pub fn flush() {
     drop(guard);
 }
 
+/// A log folder that breaks the trusted-path rule (exit 78).
+#[derive(Debug, thiserror::Error)]
+#[error("ARGUS_LOG_DIR: {0}")]
+pub struct UntrustedLogDir(pub trust::TrustError);
+
+/// A daily-rotating log file in a verified folder (see the module doc).
+struct TrustedRolling {
+    dir: OwnedFd,
+    prefix: String,
+    /// The identity the writer thread takes (the folder's owner).
+    identity: Option<trust::Identity>,
+    switched: bool,
+    current: Option<(String, std::fs::File)>,
+}
+
+impl TrustedRolling {
+    fn today() -> String {
+        let s = argus_discovery::record::rfc3339(std::time::SystemTime::now());
+        s.get(..10).unwrap_or("1970-01-01").to_string()
+    }
+
+    /// The open file for today, opening it (and pruning old days) when
+    /// the day changed.
+    fn file(&mut self) -> std::io::Result<&mut std::fs::File> {
+        if !self.switched {
+            if let Some(id) = self.identity {
+                trust::become_identity(id)?;
+            }
+            self.switched = true;
+        }
+        let day = Self::today();
+        if self.current.as_ref().map(|(d, _)| d) != Some(&day) {
+            self.current = None;
+            let name = OsString::from(format!("{}.{day}", self.prefix));
+            let uid = self
+                .identity
+                .map_or_else(|| trust::Identity::current().uid, |i| i.uid);
+            let f = trust::open_append(self.dir.as_raw_fd(), &name, uid)?;
+            self.prune();
+            self.current = Some((day, f));
+        }
+        Ok(&mut self.current.as_mut().expect("just set").1)
+    }
+
+    /// Keeps the newest [`LOG_FILES_KEPT`] files of this prefix.
+    fn prune(&self) {
+        let fd = self.dir.as_raw_fd();
+        let Ok(names) = trust::list(fd) else { return };
+        let start = format!("{}.", self.prefix);
+        let mut ours: Vec<OsString> = names
+            .into_iter()
+            .filter(|n| n.to_string_lossy().starts_with(&start))
+            .filter(|n| trust::is_regular_at(fd, n))
+            .collect();
+        ours.sort();
+        let extra = ours.len().saturating_sub(LOG_FILES_KEPT);
+        for n in &ours[..extra] {
+            let _ = trust::unlink_at(fd, OsStr::new(n));
+        }
+    }
+}
+
+impl Write for TrustedRolling {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.file()?.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &mut self.current {
+            Some((_, f)) => f.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Installs the global subscriber. Returns a warning to log when the log
-/// file cannot be opened (stderr logging goes on). Call [`flush`] before
-/// exiting.
+/// file cannot be opened (stderr logging goes on), or an error when the
+/// log folder breaks the trusted-path rule (nothing is written then).
+/// Call [`flush`] before exiting.
 ///
-/// The log folder is usually on the shared storage: the file is written by
-/// its own thread through a bounded, lossy queue, so a hung NFS mount drops
-/// file lines instead of blocking every thread that logs (the event loop
-/// included). Stderr stays synchronous.
-pub fn init(format: LogFormat, level: &str, log_dir: Option<(&Path, &str)>) -> Option<String> {
+/// The file is written by its own thread through a bounded, lossy queue,
+/// so a hung mount (an opt-in folder on shared storage) drops file lines
+/// instead of blocking every thread that logs (the event loop included).
+/// Stderr stays synchronous.
+pub fn init(
+    format: LogFormat,
+    level: &str,
+    log_dir: Option<(&Path, &str)>,
+) -> Result<Option<String>, UntrustedLogDir> {
     let mut warning = None;
-    let file = log_dir.and_then(|(dir, name)| {
-        let appender = std::fs::create_dir_all(dir).and_then(|_| {
-            tracing_appender::rolling::RollingFileAppender::builder()
-                .rotation(tracing_appender::rolling::Rotation::DAILY)
-                .max_log_files(LOG_FILES_KEPT)
-                .filename_prefix(name)
-                .build(dir)
-                .map_err(std::io::Error::other)
-        });
-        match appender {
-            Ok(a) => {
+    let mut file = None;
+    if let Some((dir, name)) = log_dir {
+        match trust::open_dir(dir, true) {
+            Ok(fd) => {
+                let agent = trust::agent();
+                let identity = match trust::owner(fd.as_raw_fd()) {
+                    Ok(uid) if uid == agent.uid && uid != trust::Identity::current().uid => {
+                        Some(agent)
+                    }
+                    _ => None,
+                };
+                let writer = TrustedRolling {
+                    dir: fd,
+                    prefix: name.to_string(),
+                    identity,
+                    switched: false,
+                    current: None,
+                };
                 let (writer, g) = tracing_appender::non_blocking::NonBlockingBuilder::default()
                     .lossy(true)
                     .buffered_lines_limit(LOG_QUEUE_LINES)
                     .thread_name("log-file")
-                    .finish(a);
+                    .finish(writer);
                 *FILE_GUARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
-                Some(layer(format, level, writer))
+                file = Some(layer(format, level, writer));
             }
+            Err(e) if e.is_breach() => return Err(UntrustedLogDir(e)),
             Err(e) => {
                 warning = Some(format!(
                     "cannot open a log file in {}: {e}; logging to stderr only",
                     dir.display()
-                ));
-                None
+                ))
             }
         }
-    });
+    }
     let mut layers = vec![layer(format, level, std::io::stderr)];
     layers.extend(file);
     tracing_subscriber::registry().with(layers).init();
-    warning
+    Ok(warning)
 }
 
 /// Installs the shim's subscriber: stderr only, no time (Ray's log lines

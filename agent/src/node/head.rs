@@ -50,6 +50,8 @@ pub(super) struct HeadRole {
     pub(super) last_good: Option<HeadRecord>,
     /// The rule that decided the last standby or claim (status, logs).
     pub(super) rule: Option<String>,
+    /// Entries of `epochs/` last found not to be the agent's (logged once).
+    pub(super) ignored_claims: Vec<String>,
 }
 
 /// Removes the temp files an earlier head killed mid-publish left next to
@@ -385,6 +387,18 @@ impl Node {
         }
     }
 
+    /// Logs the entries of `epochs/` that are not the agent's claims, once
+    /// per change of that set (they are ignored: hole 5).
+    fn note_ignored_claims(&mut self, ignored: &[String]) {
+        let h = self.head();
+        if h.ignored_claims.as_slice() != ignored {
+            h.ignored_claims = ignored.to_vec();
+            if !ignored.is_empty() {
+                warn!(entries = ?ignored, "ignoring entries in epochs/ the agent did not write");
+            }
+        }
+    }
+
     /// Stops Ray and goes back to standby: a newer head holds `higher`.
     fn step_down(&mut self, higher: u64) {
         error!(
@@ -436,7 +450,7 @@ impl Node {
         let (read, highest) = match self
             .storage
             .run("read head record", STORAGE_BOUND, move || {
-                (read_record(&p), claim::highest_generation(&d))
+                (read_record(&p), claim::scan_generations(&d))
             }) {
             Ok(out) => {
                 self.storage_ok();
@@ -463,6 +477,12 @@ impl Node {
                 self.lease.observe_missing(now);
                 None
             }
+            Err(ReadError::Untrusted(why)) => {
+                // Forged (or left by another writer): logged, never acted
+                // on; the lease judges the last trusted record.
+                warn!(error = %why, "ignoring a head record the agent did not write");
+                None
+            }
             Err(e) => {
                 warn!(error = %e, "cannot read head record; staying in standby");
                 self.set_state(NodeState::Standby, format!("cannot read head record: {e}"));
@@ -470,7 +490,10 @@ impl Node {
             }
         };
         let highest = match highest {
-            Ok(h) => h,
+            Ok(scan) => {
+                self.note_ignored_claims(&scan.ignored);
+                scan.highest
+            }
             Err(e) => {
                 warn!(error = %e, "cannot list generation claims");
                 self.set_state(NodeState::Standby, format!("{e}"));
@@ -536,7 +559,14 @@ impl Node {
             }
             Decision::Claim(rule) => rule,
         };
-        let next = highest.max(prev_gen) + 1;
+        let Some(next) = claim::next_generation(highest, prev_gen) else {
+            error!(
+                highest,
+                prev_gen, "no generation left to claim (at the bound); staying in standby"
+            );
+            self.set_state(NodeState::Standby, "no generation left to claim".into());
+            return;
+        };
         let holder = self.holder_id.clone();
         let claimed = self
             .storage
@@ -634,9 +664,11 @@ impl Node {
         let bytes = rec.to_bytes();
         let written = self.storage.run("publish head record", bound, move || {
             let dir = epochs_dir(&path);
-            let claimed = claim::highest_generation(&dir).unwrap_or(0);
+            // Only claims and records the agent wrote count: a forged one
+            // is no reason to step down (hole 5).
+            let scan = claim::scan_generations(&dir).unwrap_or_default();
             let published = read_record(&path).map_or(0, |(r, _)| r.generation);
-            let higher = claimed.max(published);
+            let higher = scan.highest.max(published);
             if higher > generation {
                 crate::metrics::fencing_refusal();
                 return Err(Fenced(higher));
@@ -645,12 +677,14 @@ impl Node {
             if prune && written.is_ok() {
                 prune_stale_temps(&path);
             }
-            Ok(written)
+            Ok((written, scan.ignored))
         });
         let written = match written {
             Ok(w) => {
                 self.storage_ok();
-                w?
+                let (written, ignored) = w?;
+                self.note_ignored_claims(&ignored);
+                written
             }
             Err(e) => {
                 self.storage_failed(&e);

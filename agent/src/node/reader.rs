@@ -56,6 +56,14 @@ impl RecordReader {
         std::thread::Builder::new()
             .name("record-reader".into())
             .spawn(move || {
+                // Reads as the agent's writer identity, like the storage
+                // thread (the files it trusts are that identity's).
+                if let Err(e) =
+                    argus_discovery::trust::become_identity(argus_discovery::trust::agent())
+                {
+                    tracing::error!(error = %e, "the record reader cannot take the agent's identity");
+                    return;
+                }
                 let mut watch: Option<DirWatch> = None;
                 // Set up once: after a failure the reader polls alone.
                 let mut watch_tried = !file_events;

@@ -96,6 +96,15 @@ impl Node {
                     self.record = Some(rec);
                 }
             }
+            Err(ReadError::Untrusted(why)) => {
+                // Forged or planted: never followed, never a generation
+                // to remember (hole 5); the lease is not fed either.
+                crate::metrics::storage_error("malformed");
+                if self.record_error.as_deref() != Some(why.as_str()) {
+                    warn!(error = %why, "ignoring a head record the agent did not write");
+                }
+                self.record_error = Some(why);
+            }
             Err(ReadError::Bad { raw, source, .. }) => {
                 self.lease.observe(&raw, now);
                 crate::metrics::storage_error("malformed");

@@ -10,7 +10,10 @@ use super::Outcome;
 
 /// Prints the record with its age.
 pub fn run(json: bool) -> Outcome {
-    let path = Discovery::read(&mut Reader::new(&BTreeMap::new()))?.head_file;
+    let d = Discovery::read(&mut Reader::new(&BTreeMap::new()))?;
+    // Only a record the agent's writer identity wrote is shown (R-SEC-2).
+    argus_discovery::trust::set_agent(d.agent_user);
+    let path = d.head_file;
     let (rec, _) = read_record(&path)?;
     let age = rec.wall_age(SystemTime::now());
     if json {

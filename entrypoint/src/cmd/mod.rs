@@ -50,6 +50,9 @@ pub enum Error {
     },
     #[error("configuration error: {0}")]
     DockerSocket(String),
+    /// R-SEC-2: a path the agent writes breaks the trusted-path rule.
+    #[error("configuration error: {0}")]
+    Untrusted(String),
     #[error("failed to set up signal handling: {0}")]
     Signals(#[source] std::io::Error),
     #[error("failed to serialise the output: {0}")]
@@ -63,7 +66,8 @@ impl Error {
             Error::Config(_)
             | Error::NodeIp(_)
             | Error::MetricsPort { .. }
-            | Error::DockerSocket(_) => EX_CONFIG,
+            | Error::DockerSocket(_)
+            | Error::Untrusted(_) => EX_CONFIG,
             Error::Preflight(e) => e.exit_code(),
             Error::Hook(e) => e.exit_code(),
             _ => 1,

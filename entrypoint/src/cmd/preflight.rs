@@ -27,10 +27,23 @@ pub fn run(json: bool) -> Outcome {
     let flags = BTreeMap::new();
     let mut r = Reader::new(&flags);
     let shared_root = r.path("ARGUS_SHARED_ROOT", PathBuf::new)?;
+    if let Some(v) = r.text("ARGUS_AGENT_USER")? {
+        let id = argus::config::parse_agent_user(&v)
+            .map_err(|why| argus::config::ConfigError::new("ARGUS_AGENT_USER", &v, why))?;
+        argus_discovery::trust::set_agent(id);
+    }
     let log = Logging::read(&mut r, &shared_root)?;
     let settings = PreflightConfig::read(&mut r)?;
     let state_dir = read_state_dir(&mut r)?;
     init_logging(if log.level_given { &log.level } else { "warn" });
+    // R-SEC-2: the report folder (ARGUS_LOG_DIR/preflight) is reached
+    // through trusted components only; a breach is exit 78, nothing written.
+    match argus_discovery::trust::open_dir(&log.dir.join("preflight"), true) {
+        Err(e) if e.is_breach() => {
+            return Err(super::Error::Untrusted(format!("ARGUS_LOG_DIR: {e}")))
+        }
+        _ => {}
+    }
     let opts = PreflightOptions::new(&settings, &log.dir, &state_dir);
 
     let stop = Stop::new();

@@ -18,21 +18,105 @@ pub fn load(flags: &Flags) -> Result<(Config, Vec<String>), Error> {
     Ok((cfg, warnings))
 }
 
+/// PID 1 as root keeps no supplementary groups: the storage thread's
+/// file-system identity (ARGUS_AGENT_USER) must get nothing extra from
+/// root's groups, and nothing the agent starts inherits them.
+fn drop_supplementary_groups() -> Result<(), Error> {
+    if argus_discovery::trust::Identity::current().uid != 0 {
+        return Ok(());
+    }
+    match argus_discovery::trust::drop_supplementary_groups() {
+        Ok(()) => Ok(()),
+        // A user namespace that denies setgroups (unshare --map-root-user):
+        // the groups are the outer user's and cannot be changed there.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::PermissionDenied
+                && std::fs::read_to_string("/proc/self/setgroups")
+                    .is_ok_and(|s| s.trim() == "deny") =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(Error::Untrusted(format!(
+            "cannot drop the agent's supplementary groups: {e}"
+        ))),
+    }
+}
+
+/// R-SEC-2 at start: the discovery folder and `epochs/` (made by the head
+/// when missing) are reached through trusted components only, checked as
+/// the writer identity. A breach, or a folder the writer may not create,
+/// is exit 78 with nothing written; a hung or missing share is not (the
+/// node retries, R-WRK-4).
+fn check_discovery_paths(cfg: &Config) -> Result<(), Error> {
+    use argus_discovery::trust::{open_dir, TrustError};
+    let Some(dir) = cfg.head_file.parent().map(|d| d.to_path_buf()) else {
+        return Ok(());
+    };
+    let create = cfg.role == argus::config::Role::Head;
+    let storage = argus::storage::Storage::start_as(cfg.agent_user);
+    let checked = storage.run(
+        "check the discovery folder",
+        std::time::Duration::from_secs(10),
+        move || -> Result<(), TrustError> {
+            for d in [dir.clone(), dir.join("epochs")] {
+                match open_dir(&d, create) {
+                    Ok(_) => {}
+                    Err(e) if e.is_missing() => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        },
+    );
+    match checked {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            let denied = matches!(&e, TrustError::Io { source, .. }
+                if source.kind() == std::io::ErrorKind::PermissionDenied);
+            if e.is_breach() || denied {
+                Err(Error::Untrusted(format!(
+                    "discovery folder (ARGUS_HEAD_IP_FILE, written as ARGUS_AGENT_USER {}:{}): {e}",
+                    cfg.agent_user.uid, cfg.agent_user.gid
+                )))
+            } else {
+                warn!(error = %e, "cannot check the discovery folder yet; the node retries");
+                Ok(())
+            }
+        }
+        // The thread could not take the identity (the agent is not root
+        // and ARGUS_AGENT_USER is not its own): nothing could be written.
+        Err(e @ argus::storage::StorageError::Gone { .. }) => Err(Error::Untrusted(format!(
+            "ARGUS_AGENT_USER {}:{}: cannot write as it ({e}); the agent must be root, or run as that uid:gid",
+            cfg.agent_user.uid, cfg.agent_user.gid
+        ))),
+        Err(e) => {
+            warn!(error = %e, "cannot check the discovery folder yet; the node retries");
+            Ok(())
+        }
+    }
+}
+
 /// Runs the node; returns its exit code (SPEC §11).
 pub fn run(flags: &Flags) -> Outcome {
     // R-CFG-1: validate everything before writing or starting anything.
     let (cfg, warnings) = load(flags)?;
+    // R-SEC-2: who writes shared state, for every check and thread below.
+    argus_discovery::trust::set_agent(cfg.agent_user);
+    drop_supplementary_groups()?;
     let host = hostname::get()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "node".into());
     let log_name = format!("argus-agent-{host}-{}.log", cfg.role);
-    if let Some(w) = logging::init(
+    let logged = logging::init(
         cfg.log.format,
         &cfg.log.level,
         Some((&cfg.log.dir, &log_name)),
-    ) {
+    )
+    .map_err(|e| Error::Untrusted(e.to_string()))?;
+    if let Some(w) = logged {
         warn!("{w}");
     }
+    check_discovery_paths(&cfg)?;
     for w in warnings {
         warn!("{w}");
     }
