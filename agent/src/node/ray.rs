@@ -126,7 +126,12 @@ impl Node {
             // names its address and some local process still carries that
             // --gcs-address (our previous, dead GCS's workers on a shared
             // box). This agent stopped its previous Ray, so the file is stale.
-            let _ = std::fs::remove_file(self.ray_temp_dir().join("ray_current_cluster"));
+            // Ray's temp dir is the Ray user's: the name is removed from
+            // that very folder, reached through root's folders without
+            // following a link, never through a path the Ray user swapped
+            // (R-SEC-2; unlinking an entry in its own folder gives it
+            // nothing it could not do itself).
+            let _ = remove_in_own_folder(&self.ray_temp_dir(), "ray_current_cluster");
         }
         let mut args = self.ray_args(target.as_ref());
         self.runs += 1;
@@ -365,5 +370,46 @@ impl Node {
         r.exit_watch = None;
         self.last_watch = Instant::now();
         self.watch_ray();
+    }
+}
+
+/// Removes `name` from the folder `dir`, opened without following a link:
+/// `dir`'s parent through trusted folders only, then `dir` itself with
+/// `O_NOFOLLOW` (it may be another user's), then `unlinkat`.
+fn remove_in_own_folder(dir: &std::path::Path, name: &str) -> std::io::Result<()> {
+    use argus_discovery::trust;
+    use std::os::fd::AsRawFd;
+    let (parent, last) = trust::split(dir)?;
+    let parent = trust::open_dir(parent, false).map_err(std::io::Error::from)?;
+    let own = trust::open_at(
+        parent.as_raw_fd(),
+        last,
+        libc::O_RDONLY | libc::O_DIRECTORY,
+        0,
+    )?;
+    trust::unlink_at(own.as_raw_fd(), std::ffi::OsStr::new(name))
+}
+
+#[cfg(test)]
+mod remove_tests {
+    use super::remove_in_own_folder;
+
+    /// R-SEC-2: a Ray temp dir swapped for a link to another folder makes
+    /// root remove nothing there; the real folder's entry is removed.
+    #[test]
+    fn a_swapped_ray_temp_dir_is_not_followed() {
+        let top = tempfile::tempdir().unwrap();
+        let victim = top.path().join("victim");
+        std::fs::create_dir(&victim).unwrap();
+        std::fs::write(victim.join("ray_current_cluster"), "x").unwrap();
+        let ray = top.path().join("ray");
+        std::os::unix::fs::symlink(&victim, &ray).unwrap();
+        assert!(remove_in_own_folder(&ray, "ray_current_cluster").is_err());
+        assert!(victim.join("ray_current_cluster").exists());
+        std::fs::remove_file(&ray).unwrap();
+        std::fs::create_dir(&ray).unwrap();
+        std::fs::write(ray.join("ray_current_cluster"), "x").unwrap();
+        remove_in_own_folder(&ray, "ray_current_cluster").unwrap();
+        assert!(!ray.join("ray_current_cluster").exists());
     }
 }
