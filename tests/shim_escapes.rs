@@ -677,3 +677,108 @@ fn a_bind_root_turned_into_a_link_after_the_start_moves_nothing() {
         "{r}"
     );
 }
+
+/// R-SEC-2 from an engine's side: the agent's writer identity
+/// (`ARGUS_AGENT_USER`, 990:990 in the node image) owns the discovery state
+/// on the shared root (`/private/ray`), which readers trust because of that
+/// owner, and the shared root is a default bind root. With
+/// `ARGUS_SHIM_ALLOWED_USERS=*` (documented as "any uid but 0"), an engine
+/// run as that uid, or with its group, and `/private` bound would write
+/// there as the agent: the planted record is checked on the shared folder
+/// (its owner and content), not on the error text. Spellings: leading
+/// zeros, `--userns=keep-id`, the group alone. Control: another uid of
+/// `*` runs with the same bind.
+#[test]
+fn no_engine_writes_the_shared_root_as_the_agents_writer_identity() {
+    let img = image();
+    let label = unique("escape-agent-user");
+    let shared = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ray = shared.path().join("ray");
+    std::fs::create_dir(&ray).unwrap();
+    std::os::unix::fs::chown(&ray, Some(990), Some(990)).unwrap();
+    std::fs::set_permissions(&ray, std::fs::Permissions::from_mode(0o775)).unwrap();
+    let g = socket_gid().to_string();
+    let bind = format!("{}:/private", shared.path().display());
+    let extra = [
+        "-u",
+        "1000:100",
+        "--group-add",
+        &g,
+        "-e",
+        "ARGUS_SHIM_ALLOWED_USERS=*",
+        "-e",
+        "ARGUS_AGENT_USER=990:990",
+        "-v",
+        &bind,
+    ];
+    let ray_tmp = tempfile::tempdir().unwrap();
+    let t = ray_tmp.path().display().to_string();
+    let planted = ray.join("head.json");
+    let mut escaped = Vec::new();
+    for who in [
+        &["-u", "990:990"][..],
+        &["-u", "0990:990"],
+        &["-u", "990"],
+        &["--userns=keep-id:uid=990,gid=990"],
+        &["--userns=keep-id:uid=00990,gid=991"],
+        &["-u", "991:990"],
+        &["-u", "991:0990"],
+    ] {
+        let mut argv = vec!["run", "--rm", "--label", &label];
+        argv.extend(who);
+        argv.extend([
+            "-v",
+            "/private:/private",
+            img,
+            "/bin/tool",
+            "write",
+            "/private/ray/head.json",
+            "forged",
+        ]);
+        let o = in_ray_container(&t, &extra, &argv);
+        let created = containers_with(&label);
+        force_remove(&created);
+        if let Ok(meta) = std::fs::metadata(&planted) {
+            use std::os::unix::fs::MetadataExt;
+            escaped.push(format!(
+                "{who:?}: wrote {} as {}:{} ({:?})",
+                planted.display(),
+                meta.uid(),
+                meta.gid(),
+                std::fs::read_to_string(&planted).unwrap_or_default()
+            ));
+            std::fs::remove_file(&planted).unwrap();
+        } else if o.status.code() != Some(125) || !created.is_empty() {
+            escaped.push(format!("{who:?}: exit {:?}: {}", o.status.code(), show(&o)));
+        } else {
+            assert!(
+                stderr(&o).contains("rule users") || stderr(&o).contains("rule groups"),
+                "{who:?}: {}",
+                show(&o)
+            );
+        }
+    }
+    assert!(escaped.is_empty(), "not refused:\n{}", escaped.join("\n"));
+    // Control: `*` does allow another uid, with the same bind.
+    let o = in_ray_container(
+        &t,
+        &extra,
+        &[
+            "run",
+            "--rm",
+            "--label",
+            &label,
+            "-u",
+            "991:991",
+            "-v",
+            "/private:/private",
+            img,
+            "/bin/tool",
+            "id",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(stdout(&o).trim(), "991:991", "{}", show(&o));
+}

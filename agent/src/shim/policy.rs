@@ -465,6 +465,12 @@ pub struct Policy {
     pub start_roots: Option<Vec<PathBuf>>,
     /// The Docker socket's group, which no engine container may join.
     pub socket_gid: Option<u32>,
+    /// `ARGUS_AGENT_USER` (uid, gid): the agent's writer identity, which
+    /// owns the discovery state on the shared root; no engine container
+    /// may run as its uid or with its gid, whatever
+    /// `ARGUS_SHIM_ALLOWED_USERS` says (R-SEC-2: readers trust what that
+    /// identity owns).
+    pub agent_user: Option<(u32, u32)>,
     /// The images the edge resolved (the caller's, by full ID), for
     /// [`Policy::image_allowed`].
     pub images: Vec<ResolvedImage>,
@@ -558,6 +564,27 @@ impl Policy {
                 }
             }
         }
+        let agent_user = match get("ARGUS_AGENT_USER").filter(|v| !v.trim().is_empty()) {
+            None => None,
+            Some(v) => {
+                let ids = v.trim().split_once(':').and_then(|(u, g)| {
+                    Some((
+                        super::translate::parse_id(u)?,
+                        super::translate::parse_id(g)?,
+                    ))
+                });
+                match ids {
+                    Some(ids) => Some(ids),
+                    None => {
+                        return Err(PolicyError::Setting {
+                            name: "ARGUS_AGENT_USER",
+                            value: v,
+                            why: "not a numeric uid:gid",
+                        })
+                    }
+                }
+            }
+        };
         let allowed_caps = list("ARGUS_SHIM_ALLOWED_CAPS", ',')
             .unwrap_or_default()
             .iter()
@@ -580,6 +607,7 @@ impl Policy {
             allowed_volumes,
             allowed_users,
             any_user,
+            agent_user,
             docker_sockets,
             start_roots,
             ..Default::default()
@@ -979,11 +1007,26 @@ impl Policy {
                 "users",
             ));
         }
+        // The agent's writer identity owns the shared discovery state:
+        // an engine with its uid (or its group) and the shared root bound
+        // could forge what readers trust as the agent's, so no
+        // ARGUS_SHIM_ALLOWED_USERS entry (`*` included) gives it.
+        if let Some((agent_uid, _)) = self.agent_user {
+            if uid == agent_uid && own_uid != Some(uid) {
+                return Err(refuse(
+                    "--user/--userns",
+                    format!("{user} (ARGUS_AGENT_USER's uid: the agent's writer identity, which owns the shared discovery state)"),
+                    "users",
+                ));
+            }
+        }
         if own_gid != Some(gid) {
             let why = if gid == 0 {
                 Some("the root group")
             } else if self.socket_gid == Some(gid) {
                 Some("the Docker socket's group")
+            } else if self.agent_user.is_some_and(|(_, g)| g == gid) {
+                Some("ARGUS_AGENT_USER's group, which owns the shared discovery state")
             } else if !listed {
                 Some("not the caller's group, and ARGUS_SHIM_ALLOWED_USERS does not list the uid")
             } else {
@@ -2218,6 +2261,63 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(rule_of(p.check_body(&body)), "groups");
+    }
+
+    /// R-SEC-2 from the engine's side: the agent's writer identity
+    /// (`ARGUS_AGENT_USER`) owns the discovery state on the shared root,
+    /// which engines may bind; no `ARGUS_SHIM_ALLOWED_USERS` (`*`, or the
+    /// uid listed) lets an engine take its uid or its gid, in any spelling.
+    #[test]
+    fn no_engine_takes_the_agents_writer_identity_whatever_allowed_users_says() {
+        use crate::shim::translate::test_spellings as spellings;
+        let with = |users: &str| {
+            let mut p = Policy::from_env(|k| match k {
+                "ARGUS_SHIM_ALLOWED_USERS" => Some(users.to_string()),
+                "ARGUS_AGENT_USER" => Some("990:990".to_string()),
+                _ => None,
+            })
+            .unwrap();
+            p.resolve(None, lexical);
+            p.caller = Some((1000, 100));
+            p.socket_gid = Some(999);
+            p
+        };
+        assert_eq!(with("*").agent_user, Some((990, 990)));
+        for users in ["*", "990", "990,991", "*,990"] {
+            let p = with(users);
+            for (s, is_number) in spellings(990) {
+                if s.contains(':') {
+                    continue;
+                }
+                for argv in [
+                    vec!["--user".to_string(), s.clone()],
+                    vec!["--user".to_string(), format!("{s}:991")],
+                    vec![format!("--userns=keep-id:uid={s}")],
+                    vec![format!("--userns=keep-id:uid={s},gid=991")],
+                ] {
+                    assert_eq!(rule(&p, &argv), "users", "{users}: {argv:?}");
+                }
+                // Its group, with any other uid.
+                let u = format!("991:{s}");
+                let want = if is_number { "groups" } else { "users" };
+                if users != "990" {
+                    assert_eq!(rule(&p, &strings(&["--user", &u])), want, "{users}: {u}");
+                }
+            }
+            // Control: another listed uid and group run.
+            if users != "990" {
+                assert_eq!(rule(&p, &strings(&["--user", "991:991"])), "ok", "{users}");
+            }
+        }
+        // The caller itself is not refused its own identity.
+        let mut p = with("*");
+        p.caller = Some((990, 990));
+        assert_eq!(rule(&p, &strings(&["--user", "990:990"])), "ok");
+        for bad in ["agent", "990", "990:x", "-1:990"] {
+            let e = Policy::from_env(|k| (k == "ARGUS_AGENT_USER").then(|| bad.to_string()))
+                .unwrap_err();
+            assert!(e.to_string().starts_with("ARGUS_AGENT_USER"), "{bad}: {e}");
+        }
     }
 
     #[test]
