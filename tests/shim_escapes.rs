@@ -782,3 +782,77 @@ fn no_engine_writes_the_shared_root_as_the_agents_writer_identity() {
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     assert_eq!(stdout(&o).trim(), "991:991", "{}", show(&o));
 }
+
+/// R-SEC-1 and R-SEC-2 (found beyond issue 26's list): a root engine that
+/// the operator allows (`ARGUS_SHIM_ALLOWED_USERS=0`, which docs/shim.md
+/// offers) holds no capability, so with a writable bind of the shared root
+/// it cannot rewrite the agent identity's discovery file in place (the
+/// owner would stay the agent's, and readers trust the owner); checked on
+/// the file's content and on the engine's own CapEff line.
+#[test]
+fn a_root_engine_holds_no_capability_and_cannot_rewrite_the_agents_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let img = image();
+    let label = unique("escape-root-caps");
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ray = shared.path().join("ray");
+    std::fs::create_dir(&ray).unwrap();
+    let record = ray.join("head.json");
+    std::fs::write(&record, "real").unwrap();
+    for p in [&ray, &record] {
+        std::os::unix::fs::chown(p, Some(990), Some(990)).unwrap();
+    }
+    std::fs::set_permissions(&ray, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&record, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let g = socket_gid().to_string();
+    let bind = format!("{}:/private", shared.path().display());
+    let extra = [
+        "-u",
+        "1000:100",
+        "--group-add",
+        &g,
+        "-e",
+        "ARGUS_SHIM_ALLOWED_USERS=0",
+        "-e",
+        "ARGUS_AGENT_USER=990:990",
+        "-v",
+        &bind,
+    ];
+    let ray_tmp = tempfile::tempdir().unwrap();
+    let t = ray_tmp.path().display().to_string();
+    let run = |tool: &[&str]| {
+        let mut argv = vec![
+            "run",
+            "--rm",
+            "--label",
+            &label,
+            "-u",
+            "0",
+            "-v",
+            "/private:/private",
+            img,
+        ];
+        argv.push("/bin/tool");
+        argv.extend(tool);
+        let o = in_ray_container(&t, &extra, &argv);
+        force_remove(&containers_with(&label));
+        o
+    };
+    let status = run(&["read", "/proc/self/status"]);
+    assert_eq!(status.status.code(), Some(0), "{}", show(&status));
+    let cap_eff = stdout(&status)
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:").map(|v| v.trim().to_string()))
+        .unwrap_or_else(|| panic!("no CapEff line: {}", show(&status)));
+    assert_eq!(
+        cap_eff, "0000000000000000",
+        "the root engine holds capabilities"
+    );
+    let _ = run(&["write", "/private/ray/head.json", "forged"]);
+    assert_eq!(
+        std::fs::read_to_string(&record).unwrap(),
+        "real",
+        "a root engine rewrote the agent's file on the shared root"
+    );
+}

@@ -137,6 +137,20 @@ pub fn apply_user(
     if !o.cap_drop.is_empty() {
         hc.cap_drop = Some(o.cap_drop.clone());
     }
+    // Root in an engine a non-root caller asked for (uid 0 needs
+    // ARGUS_SHIM_ALLOWED_USERS=0) holds no capability but those the job
+    // adds and the policy allows (ARGUS_SHIM_ALLOWED_CAPS): without
+    // CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_SETUID and the rest, uid 0 is an
+    // ordinary owner for files, so a writable bind of the shared root does
+    // not let it rewrite the agent's discovery files in place or become the
+    // agent's identity; without CAP_NET_RAW it cannot spoof or sniff on the
+    // node's network.
+    if uid == 0 && ctx.uid != 0 {
+        let drop = hc.cap_drop.get_or_insert_with(Vec::new);
+        if !drop.iter().any(|c| c.eq_ignore_ascii_case("ALL")) {
+            drop.insert(0, "ALL".into());
+        }
+    }
     let mut sec = Vec::new();
     for s in &o.security_opt {
         if s.starts_with("mask=")
