@@ -204,6 +204,25 @@ out["socket"] = attempt(lambda: socket.socket(socket.AF_UNIX).connect(os.environ
 out["stat"] = attempt(lambda: os.stat(os.environ["SOCK"]))
 r = subprocess.run([os.environ["PODMAN"], "run", "--rm", os.environ["IMG"], "/bin/tool", "id"], capture_output=True, text=True)
 out["podman"] = {"code": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
+# A worker the raylet SIGKILLs: its engine must go (the watchdog, which
+# reaches the daemon only through the socket its handler opened as root).
+import time
+lbl = "argus-sec-kill=%d" % os.getpid()
+p = subprocess.Popen([os.environ["PODMAN"], "run", "--label", lbl, os.environ["IMG"], "/bin/tool", "sleep", "120"])
+def listed():
+    r = subprocess.run([os.environ["PODMAN"], "ps", "-a", "-q", "--filter", "label=" + lbl], capture_output=True, text=True)
+    return r.stdout.split()
+t0 = time.monotonic()
+while not listed() and time.monotonic() - t0 < 60:
+    time.sleep(0.2)
+out["engine_before_kill"] = listed()
+p.kill()
+p.wait()
+t0 = time.monotonic()
+while listed() and time.monotonic() - t0 < 60:
+    time.sleep(0.5)
+out["engine_after_kill"] = listed()
+out["engine_gone_after_s"] = round(time.monotonic() - t0, 1)
 print(json.dumps(out))
 "#,
     )
@@ -240,4 +259,22 @@ print(json.dumps(out))
         "podman through the agent failed: {w}"
     );
     assert_eq!(w["podman"]["stdout"], "65534:65534\n", "{w}");
+    assert_eq!(
+        w["engine_before_kill"].as_array().map(Vec::len),
+        Some(1),
+        "the engine never showed: {w}"
+    );
+    assert_eq!(
+        w["engine_after_kill"],
+        serde_json::json!([]),
+        "the engine of a SIGKILLed podman stayed (its watchdog could not reach the socket): {w}"
+    );
+    // The watchdog removes it at once; PID 1's janitor (every 30 s) is the
+    // fallback, and would take 30 s: the bound tells the two apart (the
+    // compose test allows 15 s for the same).
+    let gone = w["engine_gone_after_s"].as_f64().unwrap();
+    assert!(
+        gone < 15.0,
+        "the engine went only after {gone} s: the janitor removed it, not the watchdog: {w}"
+    );
 }

@@ -408,3 +408,36 @@ fn a_stopped_or_removed_ray_container_keeps_its_engines_from_other_nodes() {
     force_remove(&left);
     assert_eq!(left, vec![engine], "another node removed the engine");
 }
+
+/// R-PID-4 / R-SHIM-4: the record of created containers lives in the state
+/// folder, a tmpfs a node container loses when it restarts; its engines
+/// outlive it. After a restart (no record), the node's own dead-shim sweep
+/// still removes an engine whose owner label was set on the container (by
+/// this node's shim), not inherited from its image. (The soak's `engines`
+/// invariant failed without it: a restarted node never removed the engines
+/// of its dead shims.)
+#[test]
+fn a_restarted_nodes_sweep_removes_its_dead_shims_engines_without_the_record() {
+    let _serial = serial();
+    let label = unique("restarted");
+    let owner = stand_in_ray(&label);
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let engine = unrecorded(&label, &owner, Some(dead), false);
+    let fresh_state = tempfile::tempdir().unwrap();
+    let n = argus::shim::janitor::sweep_owner_blocking(
+        "unix:///var/run/docker.sock",
+        fresh_state.path(),
+        Some(&owner),
+        JanitorScope::DeadShims,
+    )
+    .map_err(|e| format!("{e:#}"))
+    .unwrap();
+    let left = containers_with(&label);
+    force_remove(&left);
+    assert!(
+        !left.contains(&engine),
+        "the engine of a dead shim stayed after its node lost the record (removed {n})"
+    );
+}

@@ -49,6 +49,13 @@ pub fn hold_socket(path: &str) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Returns the held socket's descriptor, if any (a fork that closes what it
+/// inherited keeps this one: the watchdog reaches the daemon through it).
+pub fn held_socket_fd() -> Option<std::os::fd::RawFd> {
+    use std::os::fd::AsRawFd;
+    HELD_SOCKET.get().map(|(_, fd)| fd.as_raw_fd())
+}
+
 /// Returns the path to connect to for the socket `path`: the held
 /// descriptor's link when `path` is the held socket.
 fn connect_path(path: &str) -> String {

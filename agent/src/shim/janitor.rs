@@ -286,7 +286,17 @@ pub async fn sweep(
     }
     let mut n = 0;
     for c in all {
-        if c.owner != owner || !created.contains(&c.seen.id) {
+        if c.owner != owner {
+            continue;
+        }
+        // Not in the record: the record lives in the state folder, a
+        // tmpfs the container loses when it restarts (compose's
+        // `restart: unless-stopped`), while its engines outlive it. Such a
+        // container is still this node's when its owner label was set on
+        // the container itself, not inherited from its image (the shim
+        // refuses images that carry its labels, and jobs cannot set them):
+        // only this node's shim made it.
+        if !created.contains(&c.seen.id) && !set_by_shim(docker, &c.seen.id, owner).await {
             continue;
         }
         if doomed(scope, &c.seen, shim_alive) {
@@ -304,6 +314,15 @@ pub async fn sweep(
         }
     }
     Ok(n)
+}
+
+/// Returns true if and only if container `id`'s owner label is `owner` and
+/// was set on the container, not inherited from its image.
+async fn set_by_shim(docker: &Docker, id: &str, owner: &str) -> bool {
+    matches!(
+        docker::resolve_container(docker, id).await,
+        Ok(Some(r)) if r.id == id && r.owner.as_deref() == Some(owner)
+    )
 }
 
 /// Removes container `id` for a sweep; returns 1 if and only if this call

@@ -77,11 +77,17 @@ fn main(read: OwnedFd, shim_pid: u32, shim_start: u64) -> ! {
         }
     }
     let keep = read.as_raw_fd();
+    // The Docker socket the handler opened while root (its folder is
+    // root's alone, so this process cannot reach it by path).
+    let socket = docker::held_socket_fd();
     if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
         let fds: Vec<i32> = dir
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
             .collect();
-        for fd in fds.into_iter().filter(|&fd| fd > 2 && fd != keep) {
+        for fd in fds
+            .into_iter()
+            .filter(|&fd| fd > 2 && fd != keep && Some(fd) != socket)
+        {
             // SAFETY: closing descriptors this fresh child does not use.
             unsafe { libc::close(fd) };
         }
