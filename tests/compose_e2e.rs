@@ -1745,9 +1745,25 @@ impl Cluster {
                 "--filter",
                 &format!("label=io.argus.shim.owner={}", self.container(service)),
             ]);
+        // The shim creates engines from the image's full ID, resolved once
+        // (docs/security.md), so `docker ps` shows that ID (short), not the
+        // name the job gave.
+        let id = image.map(|i| {
+            run(Command::new("docker").args(["image", "inspect", "-f", "{{.Id}}", i]))
+                .trim()
+                .trim_start_matches("sha256:")
+                .to_string()
+        });
         run(&mut cmd)
             .lines()
-            .filter(|l| image.is_none_or(|i| l.split_whitespace().nth(1) == Some(i)))
+            .filter(|l| {
+                let shown = l.split_whitespace().nth(1).unwrap_or_default();
+                image.is_none_or(|i| shown == i)
+                    || id.as_deref().is_some_and(|id| {
+                        let shown = shown.trim_start_matches("sha256:");
+                        shown.len() >= 12 && id.starts_with(shown)
+                    })
+            })
             .map(String::from)
             .collect()
     }
