@@ -189,24 +189,25 @@ pub fn run(flags: &Flags) -> Outcome {
     // Only this process may reach Docker: Ray's podman calls come here.
     let me = argus::supervise::privs::current_ids();
     let ray = cfg.ray_user.as_ref().map_or(me, |u| (u.uid, u.gid));
-    // The socket in a folder other users can enter is a road to the Docker
-    // API for any process that gets its group (SPEC R-SEC-4): refused in
-    // the node container (the agent is PID 1 there), a warning elsewhere
-    // (an agent on a host or in a test, where the host's own layout rules).
-    if let Some(problem) =
-        argus::shim::broker::socket_folder_problem(std::env::var("DOCKER_HOST").ok().as_deref())
-    {
-        if std::process::id() == 1 {
-            return Err(Error::DockerSocket(problem));
-        }
-        warn!("{problem}");
-    }
     for w in argus::shim::broker::socket_warnings(
         std::env::var("DOCKER_HOST").ok().as_deref(),
         ray.0,
         ray.1,
     ) {
         warn!("{w}");
+    }
+    // The socket in a folder other users can enter is a road to the Docker
+    // API for any process that gets its group (SPEC R-SEC-4): refused in
+    // the node container (the agent is PID 1 there and runs Ray as another
+    // user), a warning elsewhere (an agent on a host, in a test's PID
+    // namespace, or running Ray as itself, where the host's layout rules).
+    if let Some(problem) =
+        argus::shim::broker::socket_folder_problem(std::env::var("DOCKER_HOST").ok().as_deref())
+    {
+        if std::process::id() == 1 && ray != me && me.0 == 0 {
+            return Err(Error::DockerSocket(problem));
+        }
+        warn!("{problem}");
     }
     if ray == me && me.0 == 0 {
         warn!("Ray runs as root with the agent's rights: set ARGUS_RAY_USER (the node image does) so that no Ray process can open the Docker socket");
