@@ -475,14 +475,7 @@ async fn pull(docker: &Docker, quiet: bool, image: String) -> Result<u8, ShimErr
         .await
         .map_err(ShimError::docker(format!("inspect image {image}")))?;
     let id = i.id.clone().unwrap_or_default();
-    policy.listed_image_ids = runner::listed_image_ids(docker, &policy).await?;
-    let mut names = i.repo_tags.unwrap_or_default();
-    names.extend(i.repo_digests.unwrap_or_default());
-    policy.images.push(ResolvedImage {
-        id: id.clone(),
-        names,
-    });
-    if !policy.image_allowed(&id) {
+    if !runner::image_admitted(docker, &mut policy, i).await? {
         return Err(PolicyError::Image { image }.into());
     }
     println!("{}", strip_sha(&id));

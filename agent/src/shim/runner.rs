@@ -218,14 +218,7 @@ async fn resolve_image(
         }
         .into());
     }
-    policy.listed_image_ids = listed_image_ids(docker, policy).await?;
-    let mut names = i.repo_tags.unwrap_or_default();
-    names.extend(i.repo_digests.unwrap_or_default());
-    policy.images.push(ResolvedImage {
-        id: id.clone(),
-        names,
-    });
-    if !policy.image_allowed(&id) {
+    if !image_admitted(docker, policy, i).await? {
         return Err(refused());
     }
     o.image = id;
@@ -234,6 +227,26 @@ async fn resolve_image(
 
 /// Returns the full IDs the allow-list's entries name on this daemon now
 /// (entries with `*` name no one image; entries of no local image, none).
+/// Returns true if and only if the inspected image `i` is allowed by the
+/// image allow-list, compared by full ID (the allow-list's entries resolved
+/// on the daemon, and the names the daemon holds for `i`'s ID); records
+/// both in `policy` for the check.
+pub async fn image_admitted(
+    docker: &Docker,
+    policy: &mut Policy,
+    i: bollard::models::ImageInspect,
+) -> Result<bool, ShimError> {
+    let id = i.id.clone().unwrap_or_default();
+    policy.listed_image_ids = listed_image_ids(docker, policy).await?;
+    let mut names = i.repo_tags.unwrap_or_default();
+    names.extend(i.repo_digests.unwrap_or_default());
+    policy.images.push(ResolvedImage {
+        id: id.clone(),
+        names,
+    });
+    Ok(policy.image_allowed(&id))
+}
+
 pub async fn listed_image_ids(
     docker: &Docker,
     policy: &Policy,
