@@ -825,6 +825,14 @@ fn foreign_container_spellings_get_the_no_such_answer_and_touch_nothing() {
     spellings.extend([12, 20, 64].map(|n| f[..n].to_ascii_uppercase()));
     spellings.extend([format!("/{}", &f[..12]), fname.clone(), format!("/{fname}")]);
     let absent = unique("never-created");
+    // The shim runs on the host: said outright, so that no other
+    // container of this daemon is taken for its own (the answers compare
+    // message texts, which name the own container's networks).
+    let podman = |args: &[&str]| {
+        let mut c = podman(args);
+        c.env("ARGUS_SHIM_SELF_ID", "host");
+        c
+    };
     let answer = |cmd: &[&str], name: &str| {
         let mut args = cmd.to_vec();
         args.push(name);
@@ -1021,4 +1029,145 @@ fn images_info_inspect_and_ps_show_only_what_this_node_owns() {
     force_remove(&[foreign, mine]);
     let _ = docker(&["rmi", "-f", &hidden_tag]);
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Podman's transports (issue 29): `docker-daemon:X` is X in the daemon,
+/// never pulled (no registry is reachable here, so a pull would fail): 0
+/// and X's ID when present, 125 naming X when not, and X is held to the
+/// image allow-list by its full ID; `containers-storage:` and the other
+/// stores this node does not have are one refusal line. `run` takes the
+/// same references.
+#[test]
+fn transports_pull_from_the_daemon_only_and_refuse_foreign_stores() {
+    let img = image();
+    let id = stdout(&docker(&["image", "inspect", "--format", "{{.Id}}", img]))
+        .trim()
+        .to_string();
+    let mut failures = Vec::new();
+    let o = output(&mut podman(&["pull", &format!("docker-daemon:{img}")]));
+    if o.status.code() != Some(0)
+        || id.strip_prefix("sha256:") != Some(stdout(&o).trim())
+        || stderr(&o).contains("Trying to pull")
+    {
+        failures.push(format!("pull docker-daemon:{img}: {}", show(&o)));
+    }
+    let absent = format!("argus-shim-absent-{}:x", std::process::id());
+    let o = output(&mut podman(&["pull", &format!("docker-daemon:{absent}")]));
+    if o.status.code() != Some(125)
+        || !stderr(&o).contains(&absent)
+        || stderr(&o).contains("Trying to pull")
+        || stderr(&o).lines().count() != 1
+    {
+        failures.push(format!("pull docker-daemon:{absent}: {}", show(&o)));
+    }
+    // The allow-list holds for the daemon's image too, by full ID.
+    let mut c = podman(&["pull", &format!("docker-daemon:{img}")]);
+    c.env("ARGUS_SHIM_ALLOWED_IMAGES", "registry.local/*");
+    let o = output(&mut c);
+    if o.status.code() != Some(125) || !stderr(&o).contains("allowed-images") {
+        failures.push(format!(
+            "pull docker-daemon:{img} off the list: {}",
+            show(&o)
+        ));
+    }
+    for bad in [
+        format!("containers-storage:{img}"),
+        format!("oci-archive:/tmp/{img}.tar"),
+        "docker-daemon:".to_string(),
+    ] {
+        for args in [
+            vec!["pull", bad.as_str()],
+            vec!["run", "--rm", bad.as_str(), "true"],
+        ] {
+            let o = output(&mut podman(&args));
+            if o.status.code() != Some(125) || stderr(&o).lines().count() != 1 {
+                failures.push(format!("{args:?}: {}", show(&o)));
+            }
+        }
+    }
+    // run: the daemon's image, and the registry form of a present image.
+    for r in [format!("docker-daemon:{img}"), format!("docker://{img}")] {
+        let o = output(&mut podman(&[
+            "run",
+            "--rm",
+            &r,
+            "/bin/tool",
+            "echo",
+            "ran",
+            "",
+            "0",
+        ]));
+        if o.status.code() != Some(0) || stdout(&o).trim() != "ran" {
+            failures.push(format!("run {r}: {}", show(&o)));
+        }
+    }
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        &format!("docker-daemon:{absent}"),
+        "true",
+    ]));
+    if o.status.code() != Some(125)
+        || !stderr(&o).contains(&absent)
+        || stderr(&o).contains("Trying to pull")
+    {
+        failures.push(format!("run docker-daemon:{absent}: {}", show(&o)));
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Commands Ray never calls (issue 29): one line, exit 125, naming what
+/// the shim serves and what to do instead; nothing is created.
+#[test]
+fn unserved_commands_are_one_line_naming_what_to_use_instead() {
+    let img = image();
+    let label = unique("unserved");
+    let mut failures = Vec::new();
+    for (args, instead) in [
+        (vec!["create", "--label", &label, img], "podman run -d"),
+        (vec!["cp", "x:/a", "/tmp/b"], "docker build"),
+        (vec!["commit", "x"], "docker build"),
+        (
+            vec!["container", "create", "--label", &label, img],
+            "podman run -d",
+        ),
+        (vec!["exec", "x", "true"], "podman run"),
+    ] {
+        let o = output(&mut podman(&args));
+        let err = stderr(&o);
+        if o.status.code() != Some(125)
+            || err.lines().count() != 1
+            || !err.contains(instead)
+            || !err.contains("run, pull")
+        {
+            failures.push(format!("{args:?}: {}", show(&o)));
+        }
+    }
+    let made = containers_with(&label);
+    force_remove(&made);
+    assert!(made.is_empty(), "created: {made:?}");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Run by hand (no agent to tell), the shim says nothing of Ray's own
+/// `--cgroup-manager` and warns of other global flags on its stderr.
+#[test]
+fn standalone_shim_is_silent_on_rays_flag_and_warns_of_others() {
+    let img = image();
+    let o = output(&mut podman(&[
+        "run",
+        "--rm",
+        "--cgroup-manager=cgroupfs",
+        img,
+        "true",
+    ]));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(o.stderr.is_empty(), "{}", show(&o));
+    let o = output(&mut podman(&["run", "--rm", "--runroot=/x", img, "true"]));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        stderr(&o).contains("--runroot") && stderr(&o).lines().count() == 1,
+        "{}",
+        show(&o)
+    );
 }

@@ -233,3 +233,53 @@ fn brokered_calls_move_the_shim_metrics_by_exactly_what_they_did() {
         .wait_exit(Duration::from_secs(30))
         .expect("agent exit");
 }
+
+/// Podman's global flags mean nothing on Docker. Ray passes
+/// `--cgroup-manager=cgroupfs` on every container worker start, and Ray
+/// copies a worker's stderr to every driver's console: so the job's stderr
+/// gets no word of them. Ray's own flag is accepted silently; any other is
+/// one warning line in PID 1's log, naming the flag.
+#[test]
+fn ignored_podman_flags_reach_pid_1s_log_and_never_the_jobs_stderr() {
+    let img = image();
+    let sb = Sandbox::new();
+    let env = sb.env("head", "head");
+    let mut agent = Agent::start(&sb, "head", &env);
+    let state = agent.state_dir.clone();
+    let sock = state.join("shim.sock");
+    agent.wait_for("the broker's socket", Duration::from_secs(60), |_| {
+        sock.exists()
+    });
+    // Ray's worker start, as image_uri.py spells it.
+    let o = run(&mut podman(
+        &state,
+        &["run", "--rm", "--cgroup-manager=cgroupfs", img, "true"],
+    ));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(o.stderr.is_empty(), "Ray's own flag: {}", show(&o));
+    // Other global flags, before the subcommand and after it.
+    let o = run(&mut podman(
+        &state,
+        &["--syslog", "run", "--rm", "--runroot", "/x", img, "true"],
+    ));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(o.stderr.is_empty(), "other flags: {}", show(&o));
+    agent.wait_for(
+        "the warnings in PID 1's log",
+        Duration::from_secs(30),
+        |a| {
+            let log = a.log();
+            log.contains("passed --syslog") && log.contains("passed --runroot")
+        },
+    );
+    let log = agent.log();
+    assert!(!log.contains("passed --cgroup-manager"), "{log}");
+    assert!(
+        !log.contains("/x"),
+        "a flag's value is the job's text, never logged: {log}"
+    );
+    agent.signal(libc::SIGTERM);
+    agent
+        .wait_exit(Duration::from_secs(30))
+        .expect("agent exit");
+}

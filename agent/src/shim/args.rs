@@ -18,7 +18,7 @@ pub enum ArgsError {
     BadValue { flag: String, value: String },
     #[error("flag {0} does not take a value")]
     UnexpectedValue(String),
-    #[error("unknown command {0:?} (the shim supports: run, pull, images, image inspect|exists, inspect, container exists, ps, rm, kill, stop, logs, version, info)")]
+    #[error("unknown command {0:?}: {hint}", hint = command_hint(.0))]
     UnknownCommand(String),
     #[error("`{0}` requires at least one argument")]
     MissingArgument(String),
@@ -32,6 +32,101 @@ pub enum ArgsError {
         option: String,
         why: &'static str,
     },
+    #[error("image {reference:?}: {why}")]
+    Transport {
+        reference: String,
+        why: &'static str,
+    },
+}
+
+/// What the shim serves: the podman commands Ray's container plugins call,
+/// and the read-only ones people use to look at them.
+pub const SERVED: &str = "run, pull, images, image inspect|exists|pull|ls, inspect, \
+                          container exists|inspect|ps|rm|kill|stop|logs, ps, rm, kill, stop, logs, \
+                          version, info";
+
+/// One line for a command the shim does not serve: what it serves, and
+/// what to do instead of the command asked for.
+fn command_hint(command: &str) -> String {
+    let word = command.rsplit(' ').next().unwrap_or(command);
+    let instead = match word {
+        "create" => "to start a container in the background use `podman run -d`",
+        "cp" | "commit" | "build" | "buildx" | "push" | "tag" | "save" | "load" | "import"
+        | "export" | "manifest" | "image-build" => {
+            "engine images are made on the host: `docker build` there, then name the image in the job"
+        }
+        "exec" | "attach" | "start" | "restart" | "pause" | "unpause" | "wait" | "top"
+        | "port" | "stats" => {
+            "engine containers live as long as their `podman run`: start a new one with `podman run`"
+        }
+        _ => "other work goes to the host's `docker` CLI",
+    };
+    format!("the node's podman shim serves only what Ray's container plugins call ({SERVED}); {instead}")
+}
+
+/// Where an image reference says its image comes from: podman's transport
+/// prefix, taken off the reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Source {
+    /// No prefix: the daemon's image, pulled when missing (`--pull`).
+    #[default]
+    Default,
+    /// `docker-daemon:X`: X in the Docker daemon, never pulled.
+    Daemon,
+    /// `docker://X`: X from its registry.
+    Registry,
+}
+
+/// Podman's transports that name a store this node does not have, with why.
+const FOREIGN_TRANSPORTS: &[(&str, &str)] = &[
+    (
+        "containers-storage:",
+        "containers-storage: is podman's own image store, which this node does not have; \
+         its images are the host Docker daemon's (write docker-daemon:IMAGE or IMAGE)",
+    ),
+    (
+        "oci:",
+        "an OCI layout folder is not served; load it into the host's Docker daemon (docker load) and name the image",
+    ),
+    (
+        "oci-archive:",
+        "an OCI archive is not served; load it into the host's Docker daemon (docker load) and name the image",
+    ),
+    (
+        "docker-archive:",
+        "an image archive is not served; load it into the host's Docker daemon (docker load) and name the image",
+    ),
+    (
+        "dir:",
+        "an image folder is not served; load it into the host's Docker daemon and name the image",
+    ),
+];
+
+/// Splits podman's transport prefix off `reference`: `docker-daemon:X` and
+/// `docker://X` give X and where it comes from; a transport naming a store
+/// this node does not have (`containers-storage:`, `oci:`, …) is an error
+/// saying what to write instead; anything else is the reference itself.
+pub fn split_transport(reference: &str) -> Result<(Source, &str), ArgsError> {
+    let refused = |why| ArgsError::Transport {
+        reference: reference.to_string(),
+        why,
+    };
+    let (source, rest) = if let Some(x) = reference.strip_prefix("docker-daemon:") {
+        (Source::Daemon, x)
+    } else if let Some(x) = reference.strip_prefix("docker://") {
+        (Source::Registry, x)
+    } else if let Some((_, why)) = FOREIGN_TRANSPORTS
+        .iter()
+        .find(|(t, _)| reference.starts_with(t))
+    {
+        return Err(refused(why));
+    } else {
+        return Ok((Source::Default, reference));
+    };
+    if rest.is_empty() || rest.contains("://") {
+        return Err(refused("the transport names no image"));
+    }
+    Ok((source, rest))
 }
 
 /// Whether and when `run` pulls the image.
@@ -126,8 +221,12 @@ pub struct RunOpts {
     pub log_driver: Option<String>,
     pub log_opts: Vec<String>,
     pub detach_keys: Option<String>,
-    /// Podman-only flags that were accepted without effect, for a warning.
-    pub ignored: Vec<String>,
+    /// Podman's global flags that were accepted without effect (their
+    /// names, from [`IGNORED_GLOBALS`] and [`IGNORED_GLOBAL_BOOLS`]).
+    pub ignored: Vec<&'static str>,
+    /// Where the image comes from (its transport prefix, taken off
+    /// [`RunOpts::image`]).
+    pub source: Source,
     /// Long names of the [`RUN_FLAGS`] in effect (the last of a repeated
     /// flag; a boolean only when true), for the policy.
     pub given: Vec<&'static str>,
@@ -149,6 +248,9 @@ pub enum Command {
     Pull {
         quiet: bool,
         image: String,
+        /// Where the image comes from (its transport prefix, taken off
+        /// `image`).
+        source: Source,
     },
     Images(ShowOpts),
     ImageInspect {
@@ -256,6 +358,35 @@ const IGNORED_GLOBALS: &[&str] = &[
     "module",
 ];
 const IGNORED_GLOBAL_BOOLS: &[&str] = &["syslog", "remote", "noout", "log-driver-syslog"];
+
+/// The global flags Ray's own container plugins always pass
+/// (`ray/_private/runtime_env/image_uri.py`: `--cgroup-manager=cgroupfs`):
+/// accepted without a word, since nobody chose them.
+pub const RAY_OWN_GLOBALS: &[&str] = &["cgroup-manager"];
+
+/// Every global flag the shim accepts and ignores, in a fixed order (a
+/// report names a set of them by their positions here).
+pub fn all_ignored_globals() -> impl Iterator<Item = &'static str> {
+    IGNORED_GLOBALS.iter().chain(IGNORED_GLOBAL_BOOLS).copied()
+}
+
+/// Returns the table's own spelling of the ignored global flag `name`.
+pub fn ignored_global(name: &str) -> Option<&'static str> {
+    all_ignored_globals().find(|g| *g == name)
+}
+
+/// Returns the ignored global flags given before the subcommand of `args`
+/// (none when they do not parse).
+pub fn leading_ignored_globals(args: &[String]) -> Vec<&'static str> {
+    split_flags(args, &global_kind, &global_short)
+        .map(|(flags, _)| {
+            flags
+                .iter()
+                .filter_map(|f| ignored_global(&f.name))
+                .collect()
+        })
+        .unwrap_or_default()
+}
 
 /// Kinds of flag values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -551,11 +682,12 @@ fn parse_pull(rest: &[String]) -> Result<Command, ArgsError> {
     let (flags, first) = split_flags(rest, &kind, &short)?;
     let image = rest
         .get(first)
-        .cloned()
         .ok_or_else(|| ArgsError::MissingArgument("pull".into()))?;
+    let (source, image) = split_transport(image)?;
     Ok(Command::Pull {
         quiet: has(&flags, "quiet")?,
-        image,
+        image: image.to_string(),
+        source,
     })
 }
 
@@ -1250,7 +1382,7 @@ pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
             Some(def) => (def.set)(&mut o, f)?,
             // Podman global flags (e.g. Ray's --cgroup-manager=cgroupfs):
             // they configure podman itself and mean nothing on Docker.
-            None => o.ignored.push(f.shown.clone()),
+            None => o.ignored.extend(ignored_global(&f.name)),
         }
     }
     let mut seen = std::collections::HashSet::new();
@@ -1265,7 +1397,14 @@ pub fn parse_run(args: &[String]) -> Result<RunOpts, ArgsError> {
     let image = positional
         .first()
         .ok_or_else(|| ArgsError::MissingArgument("run".into()))?;
-    o.image = unquote(image);
+    let image = unquote(image);
+    let (source, name) = split_transport(&image)?;
+    if source == Source::Daemon {
+        // The daemon's own image: podman never pulls for this transport.
+        o.pull = PullPolicy::Never;
+    }
+    o.source = source;
+    o.image = name.to_string();
     o.command = positional[1..].to_vec();
     Ok(o)
 }
@@ -1327,7 +1466,7 @@ pub(crate) mod tests {
         assert_eq!(o.pid.as_deref(), Some("host"));
         assert_eq!(o.ipc.as_deref(), Some("host"));
         assert_eq!(o.userns.as_deref(), Some("keep-id"));
-        assert_eq!(o.ignored, vec!["--cgroup-manager"]);
+        assert_eq!(o.ignored, vec!["cgroup-manager"]);
         assert_eq!(
             o.volumes,
             vec![Volume {
@@ -1568,9 +1707,113 @@ pub(crate) mod tests {
             parse(&s(&["pull", "-q", "x"])).unwrap(),
             Command::Pull {
                 quiet: true,
-                image: "x".into()
+                image: "x".into(),
+                source: Source::Default,
             }
         );
+    }
+
+    #[test]
+    fn transports_name_the_daemon_a_registry_or_a_store_this_node_lacks() {
+        let pull = |r: &str| parse(&s(&["pull", r]));
+        assert_eq!(
+            pull("docker-daemon:argus/engine:1").unwrap(),
+            Command::Pull {
+                quiet: false,
+                image: "argus/engine:1".into(),
+                source: Source::Daemon,
+            }
+        );
+        assert_eq!(
+            pull("docker://registry.example/x/y@sha256:00").unwrap(),
+            Command::Pull {
+                quiet: false,
+                image: "registry.example/x/y@sha256:00".into(),
+                source: Source::Registry,
+            }
+        );
+        // A registry host with a port is no transport.
+        assert_eq!(
+            pull("localhost:5000/x").unwrap(),
+            Command::Pull {
+                quiet: false,
+                image: "localhost:5000/x".into(),
+                source: Source::Default,
+            }
+        );
+        for bad in [
+            "containers-storage:x",
+            "containers-storage:[overlay@/var/lib]x",
+            "oci:/tmp/layout",
+            "oci-archive:/tmp/a.tar",
+            "docker-archive:/tmp/a.tar",
+            "dir:/tmp/x",
+            "docker-daemon:",
+            "docker://",
+            "docker-daemon:docker://x",
+        ] {
+            let e = pull(bad).unwrap_err();
+            assert!(matches!(e, ArgsError::Transport { .. }), "{bad}: {e:?}");
+            let line = e.to_string();
+            assert!(line.contains(bad) && !line.contains('\n'), "{line}");
+        }
+        assert!(pull("containers-storage:x")
+            .unwrap_err()
+            .to_string()
+            .contains("docker-daemon:"));
+        // run: the daemon's image is never pulled, whatever --pull says.
+        let Command::Run(o) =
+            parse(&s(&["run", "--pull=always", "docker-daemon:img:1", "true"])).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (o.image.as_str(), o.source, o.pull),
+            ("img:1", Source::Daemon, PullPolicy::Never)
+        );
+        let Command::Run(o) = parse(&s(&["run", "docker://img", "true"])).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (o.image.as_str(), o.source, o.pull),
+            ("img", Source::Registry, PullPolicy::Missing)
+        );
+        assert!(matches!(
+            parse(&s(&["run", "containers-storage:img", "true"])),
+            Err(ArgsError::Transport { .. })
+        ));
+    }
+
+    #[test]
+    fn unserved_commands_say_what_is_served_and_what_to_do_instead() {
+        for (cmd, instead) in [
+            (&["create", "img"][..], "podman run -d"),
+            (&["cp", "a:/x", "/y"], "docker build"),
+            (&["commit", "a"], "docker build"),
+            (&["container", "commit", "a"], "docker build"),
+            (&["image", "build", "."], "docker build"),
+            (&["exec", "a", "true"], "podman run"),
+            (&["system", "prune"], "docker"),
+        ] {
+            let e = parse(&s(cmd)).unwrap_err();
+            let line = e.to_string();
+            assert!(matches!(e, ArgsError::UnknownCommand(_)), "{cmd:?}");
+            assert!(
+                line.contains(instead) && line.contains("run, pull") && !line.contains('\n'),
+                "{cmd:?}: {line}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_known_global_flags_are_noted_as_ignored() {
+        assert_eq!(
+            leading_ignored_globals(&s(&["--cgroup-manager", "cgroupfs", "--syslog", "ps"])),
+            vec!["cgroup-manager", "syslog"]
+        );
+        assert_eq!(ignored_global("cgroup-manager"), Some("cgroup-manager"));
+        assert_eq!(ignored_global("volume"), None);
+        assert!(RAY_OWN_GLOBALS.iter().all(|g| ignored_global(g).is_some()));
     }
 
     #[test]

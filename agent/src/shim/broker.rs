@@ -221,6 +221,19 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
                 warn!(id, error = %e, "cannot record an engine container");
             }
         }
+        for flag in r.ignored_flags() {
+            if crate::shim::args::RAY_OWN_GLOBALS.contains(&flag) {
+                debug!(
+                    uid,
+                    flag, "Ray's podman flag has no meaning on Docker; ignored"
+                );
+            } else {
+                warn!(
+                    uid,
+                    flag, "a podman call passed --{flag}, which has no meaning on Docker; ignored"
+                );
+            }
+        }
         debug!(pid, %exit, command = r.command, code = ?r.code, refusal = ?r.refusal, ?took, "podman call ended");
     });
     // Only the handler holds the write end now: a handler that dies

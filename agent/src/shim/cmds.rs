@@ -17,7 +17,7 @@ use bollard::Docker;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use super::args::{Command, ShowOpts};
+use super::args::{Command, ShowOpts, Source};
 use super::docker::{self, is_not_found, message};
 use super::labels::{LABEL_OWNER, LABEL_PREFIX};
 use super::policy::{Policy, PolicyError, ResolvedImage};
@@ -320,7 +320,11 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
         Command::Run(_) | Command::ShortVersion | Command::Help => unreachable!("handled above"),
         Command::Version { format } => version(&docker, format).await,
         Command::Info { format } => info(&docker, format).await,
-        Command::Pull { quiet, image } => pull(&docker, quiet, image).await,
+        Command::Pull {
+            quiet,
+            image,
+            source,
+        } => pull(&docker, quiet, image, source).await,
         Command::ImageExists(name) => {
             let s = scope(&docker).await?;
             Ok(if visible_image(&docker, &s, &name).await?.is_some() {
@@ -459,21 +463,35 @@ async fn info(docker: &Docker, format: Option<String>) -> Result<u8, ShimError> 
     Ok(0)
 }
 
-/// `podman pull`: pulls an image of the allow-list and prints its id.
-async fn pull(docker: &Docker, quiet: bool, image: String) -> Result<u8, ShimError> {
+/// `podman pull`: pulls an image of the allow-list and prints its id; of
+/// `docker-daemon:IMAGE`, only finds IMAGE in the daemon.
+async fn pull(
+    docker: &Docker,
+    quiet: bool,
+    image: String,
+    source: Source,
+) -> Result<u8, ShimError> {
     // The allow-list holds for pulls too: a pulled image is one
     // `--pull=never` away from running, and pulls cost the host disk. The
-    // name gates the pull; what was pulled is checked by full ID, as `run`
-    // checks it.
+    // name gates the pull; what was pulled (or found) is checked by full
+    // ID, as `run` checks it.
     let mut policy = Policy::from_env(|k| std::env::var(k).ok())?;
-    if !policy.image_name_allowed(&image) {
-        return Err(PolicyError::Image { image }.into());
-    }
-    runner::pull(docker, &image, quiet).await?;
-    let i = docker
-        .inspect_image(&image)
-        .await
-        .map_err(ShimError::docker(format!("inspect image {image}")))?;
+    let i = if source == Source::Daemon {
+        match docker.inspect_image(&image).await {
+            Ok(i) => i,
+            Err(e) if is_not_found(&e) => return Err(ShimError::NotInDaemon { image }),
+            Err(e) => return Err(ShimError::docker(format!("inspect image {image}"))(e)),
+        }
+    } else {
+        if !policy.image_name_allowed(&image) {
+            return Err(PolicyError::Image { image }.into());
+        }
+        runner::pull(docker, &image, quiet).await?;
+        docker
+            .inspect_image(&image)
+            .await
+            .map_err(ShimError::docker(format!("inspect image {image}")))?
+    };
     let id = i.id.clone().unwrap_or_default();
     if !runner::image_admitted(docker, &mut policy, i).await? {
         return Err(PolicyError::Image { image }.into());

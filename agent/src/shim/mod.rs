@@ -85,6 +85,8 @@ pub enum ShimError {
     },
     #[error("{image}: image not known locally and --pull=never")]
     ImageMissing { image: String },
+    #[error("{image}: no such image in the host's Docker daemon (docker-daemon: never pulls)")]
+    NotInDaemon { image: String },
     #[error("no container with name or ID {0:?} found: no such container")]
     NoSuchContainer(String),
     #[error("failed to start the tokio runtime: {0}")]
@@ -132,6 +134,11 @@ pub fn run_here(args: &[String], on_ready: impl FnOnce()) -> u8 {
         Ok(c) => c,
         Err(e) => return fail(&ShimError::from(e)),
     };
+    let mut ignored = args::leading_ignored_globals(args);
+    if let args::Command::Run(o) = &command {
+        ignored.extend(&o.ignored);
+    }
+    report::note_ignored(ignored);
     if let args::Command::Run(o) = &command {
         if !o.detach {
             watchdog::spawn();

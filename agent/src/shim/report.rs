@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::args;
 use super::policy::refusal_label;
 
 /// The descriptor the broker passes the report pipe's write end on.
@@ -59,6 +60,11 @@ pub struct Report {
     /// How long the call took in the handler, in milliseconds.
     #[serde(default)]
     pub took_ms: u64,
+    /// Podman's global flags the call passed, which mean nothing on Docker
+    /// and were ignored: PID 1 logs them (the job's stderr is a driver's
+    /// console, where Ray copies every line of it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignored: Vec<String>,
 }
 
 /// A report reduced to the metrics' fixed sets.
@@ -69,6 +75,9 @@ pub struct Checked {
     pub refusal: Option<&'static str>,
     pub created: u64,
     pub removed: u64,
+    /// The ignored global flags, as bit `i` for the `i`-th of
+    /// [`args::all_ignored_globals`].
+    pub ignored: u32,
 }
 
 impl Checked {
@@ -79,7 +88,16 @@ impl Checked {
         refusal: None,
         created: 0,
         removed: 0,
+        ignored: 0,
     };
+
+    /// The ignored global flags of the call, by the table's spelling.
+    pub fn ignored_flags(&self) -> impl Iterator<Item = &'static str> + '_ {
+        args::all_ignored_globals()
+            .enumerate()
+            .filter(|(i, _)| *i < 32 && self.ignored & (1 << i) != 0)
+            .map(|(_, f)| f)
+    }
 }
 
 impl Report {
@@ -112,6 +130,10 @@ impl Report {
             refusal: self.refusal.as_deref().map(refusal_label),
             created: self.created.min(MAX_COUNT),
             removed: self.removed.min(MAX_COUNT),
+            ignored: args::all_ignored_globals()
+                .enumerate()
+                .filter(|(i, g)| *i < 32 && self.ignored.iter().any(|n| n == g))
+                .fold(0, |m, (i, _)| m | 1 << i),
         }
     }
 }
@@ -168,6 +190,7 @@ static STARTED: OnceLock<Instant> = OnceLock::new();
 static COMMAND: OnceLock<&'static str> = OnceLock::new();
 static REFUSAL: OnceLock<&'static str> = OnceLock::new();
 static CREATED: AtomicU64 = AtomicU64::new(0);
+static IGNORED: OnceLock<Vec<&'static str>> = OnceLock::new();
 static REMOVED: AtomicU64 = AtomicU64::new(0);
 
 /// Takes [`REPORT_FD`] as this handler's report pipe when it is one (a
@@ -198,6 +221,22 @@ pub fn note_command(label: &'static str) {
 /// Notes the rule that refused the call (a label of `REFUSAL_RULES`).
 pub fn note_refusal(label: &'static str) {
     let _ = REFUSAL.set(label);
+}
+
+/// Notes the podman global flags the call passed, which mean nothing on
+/// Docker: for PID 1's log, not the job's stderr (Ray copies a worker's
+/// stderr to every driver's console). Ray's own ([`args::RAY_OWN_GLOBALS`])
+/// are logged at debug only. A shim run by hand, with no agent to tell,
+/// warns on its own stderr.
+pub fn note_ignored(flags: Vec<&'static str>) {
+    for flag in &flags {
+        if args::RAY_OWN_GLOBALS.contains(flag) {
+            tracing::debug!(flag, "Ray's podman flag has no meaning on Docker; ignored");
+        } else if PIPE.get().is_none() {
+            tracing::warn!("--{flag} has no meaning on Docker and is ignored");
+        }
+    }
+    let _ = IGNORED.set(flags);
 }
 
 /// Notes an engine container this process created.
@@ -233,6 +272,10 @@ pub fn current(code: u8) -> Report {
         took_ms: STARTED.get().map_or(0, |t| {
             t.elapsed().as_millis().try_into().unwrap_or(u64::MAX)
         }),
+        ignored: IGNORED
+            .get()
+            .map(|v| v.iter().map(|f| f.to_string()).collect())
+            .unwrap_or_default(),
     }
 }
 
@@ -264,6 +307,7 @@ mod tests {
             created: 1,
             removed: 2,
             took_ms: 31,
+            ignored: vec!["cgroup-manager".into()],
         }
     }
 
@@ -282,7 +326,12 @@ mod tests {
                 refusal: Some("no_privileged"),
                 created: 1,
                 removed: 2,
+                ignored: 1,
             }
+        );
+        assert_eq!(
+            r.checked().ignored_flags().collect::<Vec<_>>(),
+            vec!["cgroup-manager"]
         );
         let bare = Report {
             command: "version".into(),
@@ -347,6 +396,19 @@ mod tests {
         };
         assert_eq!(r.checked().command, "ps");
         assert_eq!(r.checked().refusal, Some("no_docker_socket_bind"));
+        // Flags only of the shim's table: a job's own text is never logged.
+        let r = Report {
+            ignored: vec![
+                "syslog".into(),
+                "\u{1b}[31m forged line".into(),
+                "cgroup-manager".into(),
+            ],
+            ..full()
+        };
+        assert_eq!(
+            r.checked().ignored_flags().collect::<Vec<_>>(),
+            vec!["cgroup-manager", "syslog"]
+        );
     }
 
     fn pipe() -> (OwnedFd, OwnedFd) {

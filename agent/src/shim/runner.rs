@@ -30,7 +30,7 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::args::{PullPolicy, RunOpts};
+use super::args::{PullPolicy, RunOpts, Source};
 use super::docker::{self, is_not_found, message};
 use super::janitor::{self, JanitorScope};
 use super::owner;
@@ -184,6 +184,9 @@ async fn resolve_image(
     let i = match docker.inspect_image(&shown).await {
         Ok(i) => i,
         Err(e) if is_not_found(&e) => {
+            if o.source == Source::Daemon {
+                return Err(ShimError::NotInDaemon { image: shown });
+            }
             if o.pull == PullPolicy::Never {
                 return Err(ShimError::ImageMissing { image: shown });
             }
