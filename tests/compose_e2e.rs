@@ -2353,6 +2353,28 @@ fn compose_a_ray_user_on_a_worker_reaches_neither_the_docker_api_nor_root() {
         "road 3: the head container was neither read, joined, stopped nor removed by any reference",
     );
 
+    // Root's shell in a node reads root's files, not the Ray user's: the
+    // Ray user plants shell start-up files in its home, and an operator's
+    // `docker exec <node> bash` (root, interactive or login) must not run
+    // them (the image's HOME was the Ray user's, inherited from Ray's base).
+    let plant = "for f in .bashrc .profile .bash_profile .bash_login; do echo 'touch /home/ray/rc-ran-as-$(id -u)' > /home/ray/$f; done";
+    let o = output(Command::new("docker").args(["exec", "-u", "ray", &worker, "sh", "-c", plant]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for shell in [&["bash", "-ic", "true"][..], &["bash", "-lc", "true"]] {
+        let _ = output(
+            Command::new("docker")
+                .args(["exec", "-i", &worker])
+                .args(shell),
+        );
+    }
+    let home =
+        run(Command::new("docker").args(["exec", &worker, "sh", "-c", "echo $HOME; ls /home/ray"]));
+    assert!(
+        home.starts_with("/root\n") && !home.contains("rc-ran-as-0"),
+        "root's shell ran the Ray user's start-up files: {home}"
+    );
+    log("root's shell in the node reads /root, not the Ray user's start-up files");
+
     // Road 2 and hole 5: links in every folder the agents write.
     let cluster = "argus-ray";
     let canary = "canary-26\n";
