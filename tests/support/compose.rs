@@ -1,0 +1,549 @@
+//! The compose cluster of the end-to-end tests (tests/compose_e2e.rs,
+//! tests/ray_compat.rs): images built from this checkout, one compose project
+//! per `Cluster` (`argus-e2e-<pid>-<n>`) with its own volumes, model-cache
+//! directory and dashboard port, torn down on drop, and the commands the
+//! tests run against it. Docker missing or unreachable is a test FAILURE,
+//! never a skip.
+//!
+//! Settings: ARGUS_E2E_COMPOSE ("docker compose" or "docker-compose") picks
+//! the compose tool; ARGUS_E2E_KEEP=1 leaves the cluster up for inspection;
+//! ARGUS_E2E_VERSION (default `e2e`) is the node image tag's version part.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const RAY_VERSION: &str = "2.53.0";
+/// The node image tag's version part: `ARGUS_E2E_VERSION` (default `e2e`), so
+/// two checkouts testing on one daemon do not overwrite each other's image.
+pub fn e2e_version() -> String {
+    std::env::var("ARGUS_E2E_VERSION").unwrap_or_else(|_| "e2e".to_string())
+}
+
+pub fn node_image() -> String {
+    format!("argus/argus-ray-node:{}", e2e_version())
+}
+pub const SERVICES: [&str; 3] = ["head", "worker-1", "worker-2"];
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("entrypoint/ has a parent")
+        .to_path_buf()
+}
+
+pub fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+/// Runs `cmd`, panicking with its stdout and stderr unless it exits 0.
+pub fn run(cmd: &mut Command) -> String {
+    let out = output(cmd);
+    if !out.status.success() {
+        panic!(
+            "command failed ({}): {}\n--- stdout\n{}\n--- stderr\n{}",
+            out.status,
+            describe(cmd),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `cmd` and returns its output whatever the exit status; panics only
+/// when the program cannot be started.
+pub fn output(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", describe(cmd)))
+}
+
+pub fn log(msg: &str) {
+    eprintln!(
+        "[{} {:>7.1}s] {msg}",
+        env!("CARGO_CRATE_NAME"),
+        elapsed_since_start()
+    );
+}
+
+pub fn elapsed_since_start() -> f64 {
+    use std::sync::OnceLock;
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs_f64()
+}
+
+/// Fails the test loudly when Docker is not usable: these tests must never
+/// pass by doing nothing.
+pub fn require_docker() {
+    let out = Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            log(&format!(
+                "docker engine {}",
+                String::from_utf8_lossy(&o.stdout).trim()
+            ));
+        }
+        Ok(o) => panic!(
+            "{} needs a reachable Docker Engine; `docker version` failed: {}",
+            env!("CARGO_CRATE_NAME"),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => panic!(
+            "{} needs the docker CLI and a Docker Engine: {e}",
+            env!("CARGO_CRATE_NAME")
+        ),
+    }
+}
+
+pub fn compose_tool() -> Vec<String> {
+    if let Ok(t) = std::env::var("ARGUS_E2E_COMPOSE") {
+        return t.split_whitespace().map(String::from).collect();
+    }
+    let v2 = Command::new("docker")
+        .args(["compose", "version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if v2.is_ok_and(|s| s.success()) {
+        return vec!["docker".into(), "compose".into()];
+    }
+    let v1 = Command::new("docker-compose")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if v1.is_ok_and(|s| s.success()) {
+        return vec!["docker-compose".into()];
+    }
+    panic!(
+        "{} needs `docker compose` (v2) or `docker-compose` (v1); neither works",
+        env!("CARGO_CRATE_NAME")
+    );
+}
+
+/// Builds the base image (cached), the node image from this test's agent
+/// binary, and, when asked, two stand-in engine images. Once per process.
+pub fn build_images(engines: bool) {
+    use std::sync::Mutex;
+    static BUILT: Mutex<(bool, bool)> = Mutex::new((false, false));
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let root = workspace_root();
+    if !built.0 {
+        log("building the Ray base image (cached after the first run)");
+        run(Command::new(root.join("scripts/build-base-image.sh")).current_dir(&root));
+        // The build context only lets target/e2e/argus-agent through
+        // (.dockerignore); cargo put the binary wherever CARGO_TARGET_DIR is.
+        let staged = root.join("target/e2e/argus-agent");
+        std::fs::create_dir_all(staged.parent().unwrap()).unwrap();
+        std::fs::copy(env!("CARGO_BIN_EXE_argus-agent"), &staged)
+            .unwrap_or_else(|e| panic!("cannot stage the agent binary at {staged:?}: {e}"));
+        log("building the node image");
+        run(Command::new(root.join("scripts/build-images.sh"))
+            .current_dir(&root)
+            .env("ARGUS_VERSION", e2e_version())
+            .args(["node", "--prebuilt", "--local-base"])
+            .args(["--agent-binary", "target/e2e/argus-agent"]));
+        built.0 = true;
+    }
+    if engines && !built.1 {
+        for v in ["stub-a", "stub-b"] {
+            log(&format!("building engine image {}", engine_image(v)));
+            run(Command::new(root.join("scripts/build-images.sh"))
+                .current_dir(&root)
+                .args(["engine", "--local-base", "--no-vllm"])
+                .args(["--engine-version", v]));
+        }
+        built.1 = true;
+    }
+}
+
+pub fn redis_image() -> String {
+    format!("argus/argus-redis:{}", e2e_version())
+}
+
+/// Builds the GCS FT Redis image (Dockerfile.redis) on the registry-free
+/// base. Once per process; Docker's layer cache makes a rebuild quick.
+pub fn build_redis_image() {
+    use std::sync::Once;
+    static BUILT: Once = Once::new();
+    BUILT.call_once(|| {
+        log(&format!("building {}", redis_image()));
+        let root = workspace_root();
+        run(Command::new(root.join("scripts/build-images.sh"))
+            .current_dir(&root)
+            .env("ARGUS_VERSION", e2e_version())
+            .args(["redis", "--local-base"]));
+    });
+}
+
+pub fn prometheus_image() -> String {
+    format!("argus/argus-prometheus:{}", e2e_version())
+}
+
+/// Builds the monitoring Prometheus image (Dockerfile.prometheus, which runs
+/// promtool on its config and rules) on the registry-free base. Once per
+/// process; Docker's layer cache makes a rebuild quick.
+pub fn build_prometheus_image() {
+    use std::sync::Once;
+    static BUILT: Once = Once::new();
+    BUILT.call_once(|| {
+        log(&format!("building {}", prometheus_image()));
+        let root = workspace_root();
+        run(Command::new(root.join("scripts/build-images.sh"))
+            .current_dir(&root)
+            .env("ARGUS_VERSION", e2e_version())
+            .args(["monitoring", "--local-base"]));
+    });
+}
+
+pub fn engine_image(version: &str) -> String {
+    format!("localhost/neutree/engine-vllm:{version}-ray{RAY_VERSION}")
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free local port")
+}
+
+/// One compose project: head + two workers, torn down on drop.
+pub struct Cluster {
+    pub compose: Vec<String>,
+    pub project: String,
+    /// Product compose files on top of docker-compose.yaml (the GCS FT one).
+    pub extra_files: Vec<PathBuf>,
+    pub override_file: PathBuf,
+    pub tmpdir: PathBuf,
+    pub model_cache: PathBuf,
+    pub env: Vec<(String, String)>,
+}
+
+impl Cluster {
+    pub fn up(extra_env: &[(&str, &str)]) -> Cluster {
+        Cluster::up_with(extra_env, &[])
+    }
+
+    /// `up` with more of the product's compose files (e.g.
+    /// docker-compose.gcs-ft.yaml), given relative to the workspace root.
+    pub fn up_with(extra_env: &[(&str, &str)], extra_files: &[&str]) -> Cluster {
+        Cluster::up_full(extra_env, extra_files, &[])
+    }
+
+    /// `up_with` plus variables in the environment of some services'
+    /// containers (service, name, value), written into the compose override:
+    /// what a deployment would put under `environment:`.
+    pub fn up_full(
+        extra_env: &[(&str, &str)],
+        extra_files: &[&str],
+        service_env: &[(&str, &str, &str)],
+    ) -> Cluster {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let project = format!("argus-e2e-{}-{n}", std::process::id());
+        // Holds the compose override and the model cache (a host path).
+        let tmpdir = PathBuf::from(format!("/tmp/{project}"));
+        let model_cache = tmpdir.join("models");
+        std::fs::create_dir_all(&model_cache).unwrap();
+        set_mode(&tmpdir, 0o755);
+        set_mode(&model_cache, 0o755);
+        std::fs::write(model_cache.join("model.txt"), "weights-v1\n").unwrap();
+        let override_file = tmpdir.join("compose.e2e.yaml");
+        // Fast health checks for the test; everything else from the product file.
+        let hc = "    healthcheck:\n      interval: 2s\n      timeout: 5s\n      retries: 3\n      start_period: 120s\n";
+        let mut y = String::from("version: \"2.4\"\nservices:\n");
+        for s in SERVICES {
+            y.push_str(&format!("  {s}:\n{hc}"));
+            if s == "head" {
+                // A head restarted on this loaded 2-core machine once lost
+                // its dashboard for good (Ray's "Module MetricsHead failed
+                // to start. Timeout after 30.0 seconds"; nothing restarts
+                // it), and with it `serve deploy`: give its modules longer.
+                y.push_str("    environment:\n      RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT: \"180\"\n");
+            }
+            let vars: Vec<_> = service_env.iter().filter(|(sv, _, _)| *sv == s).collect();
+            if !vars.is_empty() {
+                if s != "head" {
+                    y.push_str("    environment:\n");
+                }
+                for (_, k, v) in vars {
+                    y.push_str(&format!(
+                        "      {k}: {}\n",
+                        serde_json::to_string(v).unwrap()
+                    ));
+                }
+            }
+        }
+        std::fs::write(&override_file, y).unwrap();
+        let mut env: Vec<(String, String)> = [
+            ("ARGUS_NODE_IMAGE", node_image()),
+            ("ARGUS_REDIS_IMAGE", redis_image()),
+            ("ARGUS_PROMETHEUS_IMAGE", prometheus_image()),
+            ("ARGUS_PROMETHEUS_HOST_PORT", free_port().to_string()),
+            ("ARGUS_MODEL_CACHE", model_cache.display().to_string()),
+            ("ARGUS_DASHBOARD_HOST_PORT", free_port().to_string()),
+            ("ARGUS_TTL_S", "6".into()),
+            ("ARGUS_REFRESH_S", "2".into()),
+            ("ARGUS_POLL_S", "1".into()),
+            ("ARGUS_SHM_SIZE", "512m".into()),
+            (
+                "ARGUS_RAY_EXTRA_ARGS",
+                "--object-store-memory=100000000".into(),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        for (k, v) in extra_env {
+            env.push((k.to_string(), v.to_string()));
+        }
+        let c = Cluster {
+            compose: compose_tool(),
+            project,
+            extra_files: extra_files
+                .iter()
+                .map(|f| workspace_root().join(f))
+                .collect(),
+            override_file,
+            tmpdir,
+            model_cache,
+            env,
+        };
+        log(&format!("compose up -d (project {})", c.project));
+        // The Ray nodes and what they depend on (the GCS FT Redis), not
+        // every service of the files: the tests need no other service but
+        // Prometheus when they asked for the monitoring file.
+        let mut up = vec!["up", "-d", "--no-build"];
+        up.extend(SERVICES);
+        if c.monitored() {
+            up.push("prometheus");
+        }
+        c.compose_run(&up);
+        c
+    }
+
+    /// The cluster has docker-compose.monitoring.yaml's Prometheus.
+    pub fn monitored(&self) -> bool {
+        self.extra_files
+            .iter()
+            .any(|f| f.ends_with("docker-compose.monitoring.yaml"))
+    }
+
+    pub fn compose_cmd(&self, args: &[&str]) -> Command {
+        let root = workspace_root();
+        let mut cmd = Command::new(&self.compose[0]);
+        cmd.args(&self.compose[1..])
+            .current_dir(&root)
+            .arg("-p")
+            .arg(&self.project)
+            .arg("-f")
+            .arg(root.join("docker-compose.yaml"));
+        for f in &self.extra_files {
+            cmd.arg("-f").arg(f);
+        }
+        cmd.arg("-f").arg(&self.override_file).args(args);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    pub fn compose_run(&self, args: &[&str]) -> String {
+        run(&mut self.compose_cmd(args))
+    }
+
+    /// Returns the id of the service's (one) container.
+    pub fn container(&self, service: &str) -> String {
+        let id = self.compose_run(&["ps", "-q", service]).trim().to_string();
+        assert!(!id.is_empty(), "no container for service {service}");
+        id
+    }
+
+    pub fn ip(&self, service: &str) -> String {
+        inspect(
+            &self.container(service),
+            "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+        )
+    }
+
+    /// Returns Ray's view of the cluster, or an error text.
+    pub fn ray_nodes(&self) -> Result<Value, String> {
+        let script = workspace_root().join("docker/tools/ray_nodes.py");
+        let head = self.container("head");
+        let out = Command::new("docker")
+            .args([
+                "exec", "-u", "ray", "-i", &head, "timeout", "60", "python", "-",
+            ])
+            .stdin(std::fs::File::open(script).unwrap())
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
+    }
+
+    /// Waits until `ok` holds for the alive nodes, returning them.
+    pub fn wait_nodes(
+        &self,
+        what: &str,
+        timeout: Duration,
+        ok: impl Fn(&[Node]) -> bool,
+    ) -> Vec<Node> {
+        let start = Instant::now();
+        let mut last = String::new();
+        while start.elapsed() < timeout {
+            match self.ray_nodes() {
+                Ok(v) => {
+                    let alive = alive_nodes(&v);
+                    if ok(&alive) {
+                        log(&format!(
+                            "{what}: after {:.1}s: {}",
+                            start.elapsed().as_secs_f64(),
+                            fmt_nodes(&alive)
+                        ));
+                        return alive;
+                    }
+                    last = fmt_nodes(&alive);
+                }
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        self.dump_logs();
+        panic!("{what}: not reached within {timeout:?}; last view: {last}");
+    }
+
+    pub fn wait_healthy(&self, timeout: Duration) {
+        let start = Instant::now();
+        loop {
+            let states: Vec<(String, String)> = SERVICES
+                .iter()
+                .map(|s| {
+                    (
+                        s.to_string(),
+                        inspect(&self.container(s), "{{.State.Health.Status}}"),
+                    )
+                })
+                .collect();
+            if states.iter().all(|(_, h)| h == "healthy") {
+                log(&format!(
+                    "all containers healthy after {:.1}s",
+                    start.elapsed().as_secs_f64()
+                ));
+                return;
+            }
+            if start.elapsed() > timeout {
+                self.dump_logs();
+                panic!("containers not healthy within {timeout:?}: {states:?}");
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }
+
+    pub fn dump_logs(&self) {
+        let out = output(&mut self.compose_cmd(&["logs", "--no-color", "--tail", "60"]));
+        eprintln!(
+            "--- compose logs (last lines)\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::env::var("ARGUS_E2E_KEEP").as_deref() == Ok("1") {
+            log(&format!(
+                "ARGUS_E2E_KEEP=1: leaving project {} up",
+                self.project
+            ));
+            return;
+        }
+        let _ = output(&mut self.compose_cmd(&["down", "-v", "--remove-orphans", "-t", "10"]));
+        let _ = std::fs::remove_dir_all(&self.tmpdir);
+    }
+}
+
+pub fn set_mode(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+pub fn inspect(container: &str, format: &str) -> String {
+    run(Command::new("docker").args(["inspect", "-f", format, container]))
+        .trim()
+        .to_string()
+}
+
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub id: String,
+    pub ip: String,
+}
+
+pub fn alive_nodes(v: &Value) -> Vec<Node> {
+    v["nodes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|n| n["alive"].as_bool() == Some(true))
+                .map(|n| Node {
+                    id: n["id"].as_str().unwrap_or_default().to_string(),
+                    ip: n["ip"].as_str().unwrap_or_default().to_string(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn fmt_nodes(nodes: &[Node]) -> String {
+    let v: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("{}@{}", &n.id[..n.id.len().min(8)], n.ip))
+        .collect();
+    format!("{} alive [{}]", nodes.len(), v.join(", "))
+}
+
+pub fn ids(nodes: &[Node]) -> Vec<String> {
+    nodes.iter().map(|n| n.id.clone()).collect()
+}
+
+/// Runs `docker ARGS` with `input` on its stdin; returns its output.
+pub fn with_stdin(args: &[&str], input: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("docker");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Runs `podman ARGS` in `container` as the Ray user (the identity of every
+/// Ray task there), through the node agent's broker.
+pub fn podman_as_ray(container: &str, args: &[&str]) -> Output {
+    let mut a = vec!["exec", "-u", "ray", container, "podman"];
+    a.extend_from_slice(args);
+    output(Command::new("docker").args(&a))
+}
