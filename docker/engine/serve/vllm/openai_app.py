@@ -1,0 +1,138 @@
+"""The OpenAI-compatible vLLM endpoint, shared by the per-version modules
+(``serve.vllm.v0_12_0.app:app_builder`` ...).
+
+One Serve deployment whose replicas each run vLLM's async engine (``AsyncLLM``)
+on the model and serve vLLM's own OpenAI application (the FastAPI app of
+``vllm serve``: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``
+with SSE streaming, ``/v1/embeddings`` for pooling models, ``/health``,
+``/tokenize`` ...) as the deployment's ASGI ingress. So the protocol, its
+validation and its error bodies are vLLM's, and the engine arguments are
+``vllm serve``'s. Ray 2.53's ``ray.serve.llm`` was tried first and does not
+start on vLLM's CPU platform (it forces ``distributed_executor_backend=ray``,
+which vLLM 0.12's CPU platform rejects); docs/serve.md has the details.
+
+Arguments (the ``args`` of the Serve config's application):
+
+  model               path of the model folder inside the engine container
+                      (the read-only model-cache bind), required
+  model_id            the name clients use (default: the folder's name)
+  engine_kwargs       `vllm serve` options, by their names with `_` or `-`
+                      (max_model_len, dtype, runner: pooling for an
+                      embedding model, ...); true is the bare flag, false
+                      its --no- form, lists and dicts are passed as JSON
+  deployment_config   Serve options of the deployment (num_replicas,
+                      ray_actor_options, health_check_timeout_s, ...)
+"""
+
+import contextlib
+import json
+import os
+import shutil
+
+from ray import serve
+
+# Engine arguments that differ from vLLM's defaults in a CPU engine image:
+# float32 (what the CPU kernels and a reference decode agree on), and no
+# torch.compile of the model (inductor needs a C++ compiler, which the image
+# does not carry; see also TORCHDYNAMO_DISABLE below).
+CPU_ENGINE_DEFAULTS = {"dtype": "float32", "enforce_eager": True}
+# The parsed `vllm serve` arguments of this replica, handed from the
+# deployment's constructor to the ASGI app builder (both run in the replica,
+# one after the other; Serve calls the builder without arguments). Both reach
+# it through the imported module: Serve pickles the deployment class by
+# value, with a copy of this module's globals.
+_REPLICA_ARGS = {}
+
+
+def _replica_args():
+    from serve.vllm import openai_app
+
+    return openai_app._REPLICA_ARGS
+
+
+def flavour():
+    """Returns the engine image's flavour, "cpu" or "gpu" (Dockerfile.engine-vllm)."""
+    return os.environ.get("ARGUS_ENGINE_FLAVOUR", "gpu")
+
+
+def cli_args(args: dict):
+    """Returns the `vllm serve` command-line arguments of the app's ``args``."""
+    args = dict(args or {})
+    model = args.pop("model", None)
+    if not model:
+        raise ValueError("args.model: the path of the model folder is required")
+    model_id = args.pop("model_id", None) or os.path.basename(os.path.normpath(model))
+    engine = dict(CPU_ENGINE_DEFAULTS if flavour() == "cpu" else {})
+    engine.update(args.pop("engine_kwargs", None) or {})
+    args.pop("deployment_config", None)
+    if args:
+        raise ValueError(f"unknown args: {sorted(args)}")
+    out = ["--model", model, "--served-model-name", model_id]
+    for key, value in engine.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False:
+            out.append("--no-" + flag[2:])
+        elif isinstance(value, (dict, list)):
+            out += [flag, json.dumps(value)]
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+def _build_vllm_app():
+    """ASGI app builder (run by Serve in the replica after the constructor):
+    vLLM's OpenAI app, whose lifespan starts the engine on the model and
+    fills the app's state as `vllm serve` does."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.api_server import (
+        build_app,
+        build_async_engine_client_from_engine_args,
+        init_app_state,
+    )
+
+    args = _replica_args()["args"]
+    app = build_app(args)
+    vllm_lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a):
+        engine_args = AsyncEngineArgs.from_cli_args(args)
+        async with build_async_engine_client_from_engine_args(
+            engine_args, disable_frontend_multiprocessing=True
+        ) as engine:
+            await init_app_state(engine, a.state, args)
+            async with vllm_lifespan(a):
+                yield
+
+    app.router.lifespan_context = lifespan
+    return app
+
+
+@serve.deployment(name="VllmOpenAI", health_check_timeout_s=60)
+@serve.ingress(_build_vllm_app)
+class VllmOpenAI:
+    """A replica: one vLLM engine and its OpenAI routes."""
+
+    def __init__(self, argv: list):
+        from vllm.entrypoints.openai.cli_args import (
+            make_arg_parser,
+            validate_parsed_serve_args,
+        )
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        if flavour() == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:
+            # torch.compile'd helpers (vLLM's sampler has some) need a C++
+            # compiler on CPU; without one they run eagerly. The engine core
+            # process inherits this.
+            os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+        validate_parsed_serve_args(args)
+        _replica_args()["args"] = args
+
+
+def build_app(args: dict):
+    """Returns the Serve application for ``args`` (see the module doc)."""
+    options = dict((args or {}).get("deployment_config") or {})
+    return VllmOpenAI.options(**options).bind(cli_args(args))

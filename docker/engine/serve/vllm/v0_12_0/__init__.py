@@ -1,0 +1,1 @@
+"""Serve modules for vLLM 0.12.0 engine images."""
