@@ -164,20 +164,25 @@ fn cases() -> Value {
 }
 
 fn serve_config() -> String {
-    format!(
-        "# Written by tests/engine_vllm.rs: one application, the vLLM {VLLM_VERSION} endpoint.\n\
-         proxy_location: HeadOnly\n\
-         http_options:\n  host: 0.0.0.0\n  port: 8000\n\
-         applications:\n\
-         - name: llm\n    route_prefix: /\n\
-         \x20   import_path: serve.vllm.v0_12_0.app:app_builder\n\
-         \x20   args:\n\
-         \x20     model: {MODEL_PATH}\n\
-         \x20     model_id: {MODEL_ID}\n\
-         \x20     engine_kwargs:\n\
-         \x20       max_model_len: 256\n\
-         \x20       max_num_seqs: 4\n"
-    )
+    [
+        format!("# Written by tests/engine_vllm.rs: the vLLM {VLLM_VERSION} endpoint."),
+        "proxy_location: HeadOnly".into(),
+        "http_options:".into(),
+        "  host: 0.0.0.0".into(),
+        "  port: 8000".into(),
+        "applications:".into(),
+        "  - name: llm".into(),
+        "    route_prefix: /".into(),
+        "    import_path: serve.vllm.v0_12_0.app:app_builder".into(),
+        "    args:".into(),
+        format!("      model: {MODEL_PATH}"),
+        format!("      model_id: {MODEL_ID}"),
+        "      engine_kwargs:".into(),
+        "        max_model_len: 256".into(),
+        "        max_num_seqs: 4".into(),
+        String::new(),
+    ]
+    .join("\n")
 }
 
 /// Checks an OpenAI-style error answer: 4xx and a body with a message.
