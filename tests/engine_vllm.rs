@@ -27,6 +27,12 @@
 //!
 //! Docker missing is a FAILURE, never a skip. ARGUS_E2E_KEEP=1 leaves the
 //! engine container for inspection.
+//!
+//! Not yet run by `scripts/test` (the test is `#[ignore]`d): its first run
+//! on a machine builds the CPU engine image, 9 GB with 4.4 GB downloaded,
+//! 15 to 27 minutes on a 2-core box. Run it by hand with
+//! `cargo test --test engine_vllm -- --ignored --nocapture`; later runs
+//! take about 110 s once the image is cached by its inputs' hash.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -206,6 +212,9 @@ fn assert_openai_error(name: &str, v: &Value) {
 }
 
 #[test]
+#[ignore = "builds the 9 GB CPU engine image (4.4 GB from PyPI, 15-27 min on a fresh 2-core machine): \
+            not yet in scripts/test, whose 90-minute CI budget it would nearly use up; \
+            run it with `cargo test --test engine_vllm -- --ignored`"]
 fn cpu_engine_answers_the_openai_api_as_the_reference_decode() {
     let root = workspace_root();
     let fixtures = root.join("tests/fixtures");
