@@ -234,11 +234,9 @@ fn ray_worker_command_creates_a_sibling_in_the_ray_containers_namespaces() {
         "-d prints the full id: {}",
         show(&o)
     );
-    assert!(
-        stderr(&o).contains("--cgroup-manager has no meaning on Docker"),
-        "{}",
-        show(&o)
-    );
+    // Ray's own --cgroup-manager is accepted without a word on the job's
+    // stderr (Ray copies it to every driver's console).
+    assert!(!stderr(&o).contains("--cgroup-manager"), "{}", show(&o));
 
     let reqs = fake.requests();
     // Never a version newer than the daemon's 1.41 (bollard 0.19.4 sends

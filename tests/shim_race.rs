@@ -252,7 +252,8 @@ impl FullPipe {
 
 /// Starts `podman ARGS` with the environment `env` and a full stderr
 /// pipe, waits until it blocks writing to stderr (after its ownership
-/// checks: the `--cgroup-manager` warning), runs `meanwhile`, then lets it
+/// checks: the warning that `--security-opt mask=…` is podman-only and
+/// ignored, which the callers pass for that), runs `meanwhile`, then lets it
 /// go on; returns its exit code and stderr.
 fn paused_call(
     env: &[(&str, &str)],
@@ -358,7 +359,13 @@ fn a_reference_resolved_once_cannot_be_redirected_to_a_foreign_container() {
         ]);
         assert!(a.status.success(), "{}", show(&a));
         let a = stdout(&a).trim().to_string();
-        let mut args: Vec<&str> = vec!["run", "--cgroup-manager=cgroupfs", "-d", "--label", &lbl];
+        let mut args: Vec<&str> = vec![
+            "run",
+            "--security-opt=mask=/proc/acpi",
+            "-d",
+            "--label",
+            &lbl,
+        ];
         args.extend(flags.iter().map(String::as_str));
         args.extend([img, "/bin/tool", "trap"]);
         let (code, err) = paused_call(&[("ARGUS_SHIM_OWNER", &owner)], &args, || {
@@ -403,7 +410,7 @@ fn a_reference_resolved_once_cannot_be_redirected_to_a_foreign_container() {
 
 /// Issue 26, hole 6: the image is resolved once, to its full ID, and the
 /// container is created from that ID. The call blocks on a full stderr
-/// after its checks (the `--cgroup-manager` warning) while the allowed tag
+/// after its checks (the `--security-opt mask=…` warning) while the allowed tag
 /// is moved to another image: the container is still made from the image
 /// that was checked (its image ID on the daemon).
 #[test]
@@ -416,7 +423,7 @@ fn a_retag_between_the_check_and_the_create_changes_nothing() {
     let other = derived_image(&other_tag, "LABEL argus.test=other");
     let args = [
         "run",
-        "--cgroup-manager=cgroupfs",
+        "--security-opt=mask=/proc/acpi",
         "-d",
         "--label",
         &lbl,
