@@ -34,10 +34,13 @@
 //! `cargo test --test engine_vllm -- --ignored --nocapture`; later runs
 //! take about 110 s once the image is cached by its inputs' hash.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "support/compose.rs"]
+mod compose;
+
+use compose::{log, output, run, workspace_root};
 use serde_json::{json, Value};
 
 const RAY_VERSION: &str = "2.53.0";
@@ -55,52 +58,8 @@ fn image() -> String {
     format!("localhost/neutree/engine-vllm:v{VLLM_VERSION}-ray{RAY_VERSION}-cpu")
 }
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("entrypoint/ has a parent")
-        .to_path_buf()
-}
-
-fn log(msg: &str) {
-    use std::sync::OnceLock;
-    static START: OnceLock<Instant> = OnceLock::new();
-    let t = START.get_or_init(Instant::now).elapsed().as_secs_f64();
-    eprintln!("[engine_vllm {t:>7.1}s] {msg}");
-}
-
-fn describe(cmd: &Command) -> String {
-    let mut s = cmd.get_program().to_string_lossy().into_owned();
-    for a in cmd.get_args() {
-        s.push(' ');
-        s.push_str(&a.to_string_lossy());
-    }
-    s
-}
-
-fn output(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", describe(cmd)))
-}
-
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-/// Runs `cmd`, panicking with its output unless it exits 0; returns stdout.
-fn run(cmd: &mut Command) -> String {
-    let out = output(cmd);
-    if !out.status.success() {
-        panic!(
-            "command failed ({}): {}\n--- stdout\n{}\n--- stderr\n{}",
-            out.status,
-            describe(cmd),
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-    }
-    text(&out.stdout)
 }
 
 fn docker() -> Command {
