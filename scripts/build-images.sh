@@ -35,7 +35,8 @@
 #   An engine image is built once per set of inputs: the tag's image carries
 #   the label argus.engine.inputs (sha256 of the Dockerfile, the files it
 #   copies, the build arguments and the base image's ID); when it matches,
-#   nothing is built (FORCE=1 builds anyway).
+#   nothing is built (FORCE=1 builds anyway). Engine builds of one checkout
+#   run one at a time (a lock in target/engine-build/).
 # Environment: BASE_IMAGE, RAY_VERSION (2.53.0), ARGUS_VERSION (dev),
 # VLLM_VERSION, TORCH_VERSION (CPU flavour, 2.9.1), FORCE, DOCKER_BUILDKIT (0 when the buildx plugin is missing).
 # Prints the tags it built, one a line, on stdout.
@@ -129,6 +130,15 @@ engine_inputs_hash() {
 }
 
 if [ $build_engine = 1 ]; then
+  # One engine build at a time per checkout: a second caller (a test, while
+  # scripts/test builds the same image beside it) waits here, then finds the
+  # image up to date.
+  mkdir -p target/engine-build
+  exec 9>target/engine-build/.lock
+  if ! flock -n 9; then
+    log "another engine build of this checkout is under way; waiting for it"
+    flock 9
+  fi
   tag=$registry/neutree/engine-vllm:$engine_version-ray$RAY_VERSION
   [ $flavour = gpu ] || tag=$tag-$flavour
   args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "RAY_VERSION=$RAY_VERSION"

