@@ -5,7 +5,8 @@ One Serve deployment whose replicas each run vLLM's async engine (``AsyncLLM``)
 on the model and serve vLLM's own OpenAI application (the FastAPI app of
 ``vllm serve``: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``
 with SSE streaming, ``/v1/embeddings`` for pooling models, ``/health``,
-``/tokenize`` ...) as the deployment's ASGI ingress. So the protocol, its
+``/tokenize`` ...) as the deployment's ASGI ingress; every answer carries
+an ``x-argus-engine`` header naming the image (e.g. ``vllm/v0.13.0-cpu``). So the protocol, its
 validation and its error bodies are vLLM's, and the engine arguments are
 ``vllm serve``'s. Ray 2.53's ``ray.serve.llm`` was tried first and does not
 start on vLLM's CPU platform (it forces ``distributed_executor_backend=ray``,
@@ -50,6 +51,24 @@ def _replica_args():
     return openai_app._REPLICA_ARGS
 
 
+def require_vllm(version: str, module: str):
+    """Fails the application's build, naming both, unless this image's vLLM
+    is ``version`` (a per-version module deployed in another engine image)."""
+    import vllm
+
+    if vllm.__version__.split("+")[0] != version:
+        raise RuntimeError(f"{module} needs vLLM {version}; this image has {vllm.__version__}")
+
+
+def engine_header():
+    """The ``x-argus-engine`` response header's value: the engine image's
+    name, version and flavour as its tag states them (Dockerfile.engine-vllm
+    sets them), so a client or an operator sees which image answered."""
+    name = os.environ.get("ARGUS_ENGINE_NAME", "vllm")
+    version = os.environ.get("ARGUS_ENGINE_VERSION", "unknown")
+    return f"{name}/{version}-{flavour()}"
+
+
 def flavour():
     """Returns the engine image's flavour, "cpu" or "gpu" (Dockerfile.engine-vllm)."""
     return os.environ.get("ARGUS_ENGINE_FLAVOUR", "gpu")
@@ -67,7 +86,8 @@ def cli_args(args: dict):
     args.pop("deployment_config", None)
     if args:
         raise ValueError(f"unknown args: {sorted(args)}")
-    out = ["--model", model, "--served-model-name", model_id]
+    out = ["--model", model, "--served-model-name", model_id,
+           "--middleware", "serve.vllm.openai_app.EngineHeader"]
     for key, value in engine.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -108,6 +128,30 @@ def _build_vllm_app():
 
     app.router.lifespan_context = lifespan
     return app
+
+
+class EngineHeader:
+    """ASGI middleware: adds ``x-argus-engine`` to every HTTP answer's
+    headers (streamed ones too; pure ASGI, so vLLM still sees a client that
+    goes away). Given to vLLM's app builder as ``--middleware`` (vLLM's own
+    way to add one: its app has built its middleware stack when
+    ``build_app`` returns)."""
+
+    def __init__(self, app):
+        self.app = app
+        self.value = engine_header().encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_named(message):
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers") or []) + [(b"x-argus-engine", self.value)]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_named)
 
 
 @serve.deployment(name="VllmOpenAI", health_check_timeout_s=60)

@@ -4,17 +4,12 @@ in a Serve deployment, built by the shared ``serve.vllm.openai_app`` (its doc
 lists the args). One module per vLLM version, so that a version whose API differs gets
 its own without touching the others' endpoints."""
 
-from serve.vllm.openai_app import build_app
+from serve.vllm.openai_app import build_app, require_vllm
 
 VLLM_VERSION = "0.12.0"
 
 
 def app_builder(args: dict):
     """Returns the Serve application for ``args`` (``{"model": <folder>, ...}``)."""
-    import vllm
-
-    if vllm.__version__.split("+")[0] != VLLM_VERSION:
-        raise RuntimeError(
-            f"serve.vllm.v0_12_0 needs vLLM {VLLM_VERSION}; this image has {vllm.__version__}"
-        )
+    require_vllm(VLLM_VERSION, __name__)
     return build_app(args)
