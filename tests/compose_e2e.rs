@@ -1080,15 +1080,6 @@ print(yaml.safe_dump(out), file=sys.stderr)
 sys.exit(subprocess.run(["serve", "deploy", "-a", "http://127.0.0.1:8265", path]).returncode)
 "#;
 
-/// `serve status` as JSON (it prints YAML).
-const SERVE_STATUS_SCRIPT: &str = r#"
-import json, subprocess, sys, yaml
-p = subprocess.run(["serve", "status", "-a", "http://127.0.0.1:8265"], capture_output=True, text=True, timeout=60)
-if p.returncode != 0:
-    sys.exit(p.stderr.strip()[-2000:] or f"serve status exited {p.returncode}")
-print(json.dumps(yaml.safe_load(p.stdout) or {}))
-"#;
-
 /// GETs the URL in argv[1] and prints the answer (JSON); exits non-zero
 /// with the reason when it does not answer 200.
 const HTTP_GET_SCRIPT: &str = r#"
@@ -1167,60 +1158,6 @@ impl Cluster {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-    }
-
-    /// `serve status` as JSON, or why not.
-    fn serve_status(&self) -> Result<Value, String> {
-        let out = output(Command::new("docker").args([
-            "exec",
-            "-u",
-            "ray",
-            &self.container("head"),
-            "python",
-            "-c",
-            SERVE_STATUS_SCRIPT,
-        ]));
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-        }
-        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
-    }
-
-    /// Waits until `serve status` shows each of `apps` RUNNING with all
-    /// its deployments HEALTHY at exactly that many RUNNING replicas (no
-    /// replica starting or stopping); returns the time it took.
-    fn wait_serve_running(&self, apps: &[(&str, u32)], timeout: Duration) -> Duration {
-        let start = Instant::now();
-        let mut last = String::new();
-        let ok = |v: &Value| {
-            apps.iter().all(|(app, n)| {
-                let a = &v["applications"][*app];
-                a["status"] == "RUNNING"
-                    && a["deployments"].as_object().is_some_and(|ds| {
-                        !ds.is_empty()
-                            && ds.values().all(|d| {
-                                d["status"] == "HEALTHY"
-                                    && d["replica_states"] == serde_json::json!({ "RUNNING": *n })
-                            })
-                    })
-            })
-        };
-        while start.elapsed() < timeout {
-            match self.serve_status() {
-                Ok(v) if ok(&v) => {
-                    log(&format!(
-                        "serve status {apps:?} RUNNING after {:.1}s",
-                        start.elapsed().as_secs_f64()
-                    ));
-                    return start.elapsed();
-                }
-                Ok(v) => last = v.to_string(),
-                Err(e) => last = e,
-            }
-            std::thread::sleep(Duration::from_secs(2));
-        }
-        self.dump_logs();
-        panic!("serve status: {apps:?} not RUNNING within {timeout:?}; last status: {last}");
     }
 
     /// GETs `http://<ip of service>:8000<route>` from inside the head (the

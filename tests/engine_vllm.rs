@@ -1,62 +1,62 @@
-//! A real vLLM endpoint in the CPU engine image, checked against a reference.
+//! Two real vLLM endpoints on the compose cluster, through the lb, checked
+//! against a reference decode; one upgraded while clients call both.
 //!
-//! What a user does for a quick check of an engine image, on one box: build
-//! the CPU engine image (`scripts/build-images.sh engine --local-base --cpu`,
-//! cached by its inputs' hash), start it as a container with a model folder
-//! bound read-only, run a single-node Ray and `serve deploy` of the serve
-//! module `serve.vllm.v0_12_0.app:app_builder` inside it, and call the
-//! published port with the official `openai` Python client.
+//! What a user does (docs/serve.md, "A real vLLM endpoint"): build the CPU
+//! engine images of two vLLM versions (`scripts/build-images.sh engine
+//! --local-base --cpu`, cached by their inputs' hash), bring up the cluster
+//! and its `lb`, put a model in the model cache, `serve deploy`
+//! docker/serve/llm-endpoints.yaml (endpoint A on vLLM 0.12.0 at /a,
+//! endpoint B on vLLM 0.13.0 at /b) as the Ray user in the head, and call
+//! `http://lb:8000/{a,b}/v1` with the official `openai` Python client.
 //!
 //! The model is a tiny random-weight Llama with a tokenizer trained on the
-//! spot (tests/fixtures/tiny_llama.py, run in the image: it has torch and
-//! transformers), so no hub and no download. The oracle is transformers'
-//! greedy decode of the same weights and prompt:
-//!   - greedy chat and completion equal it token for token (ids, via vLLM's
-//!     `return_tokens_as_token_ids`) and in text;
-//!   - streaming (server-sent events) yields the same text;
-//!   - `/v1/models` names the model;
-//!   - an unknown model name, a prompt over the context length and malformed
-//!     JSON get OpenAI-style error bodies (`{"error": {"message", "type",
-//!     "code"}}` or `{"message", "type", "code"}`) with a 4xx status, and the
-//!     endpoint still answers afterwards.
+//! spot (tests/fixtures/tiny_llama.py, run in the engine image: it has torch
+//! and transformers), written into the cluster's model cache; the engines
+//! read it through the read-only bind of the config's run_options. The
+//! oracle is transformers' greedy decode of the same weights and prompts.
+//! For each endpoint, through the lb:
+//!   - greedy chat and completion equal the reference token for token (ids,
+//!     via vLLM's `return_tokens_as_token_ids`) and in text; streaming
+//!     (server-sent events) yields the same text; `/v1/models` names the
+//!     model; the `x-argus-engine` header names the image that answered;
+//!   - an unknown model, a prompt over the context length and malformed
+//!     JSON get OpenAI-style error bodies with a 4xx, and the endpoint
+//!     answers afterwards; no replica is lost (serve status).
 //!
-//! The client runs in a container of the same image on the host's network
-//! (the image pins `openai`), reaching the engine on its published loopback
-//! port. Each phase's wall time is printed (image build, model, reference,
-//! container start, Ray start, engine init, first answer).
+//! Then the upgrade: clients POST chat completions to both endpoints in a
+//! loop (tests/fixtures/openai_load.py, no retries) while A is moved to vLLM
+//! 0.13.0 by a new `serve deploy` of the same file with A's image and module
+//! changed. B must lose 0 requests; A must answer from the new image
+//! afterwards (its header), and its old engine container must be gone. A's
+//! own failures during the switch are printed (Serve starts the new replica
+//! before it stops the old one).
 //!
-//! Docker missing is a FAILURE, never a skip. ARGUS_E2E_KEEP=1 leaves the
-//! engine container for inspection.
-//!
-//! Not yet run by `scripts/test` (the test is `#[ignore]`d): its first run
-//! on a machine builds the CPU engine image, 9 GB with 4.4 GB downloaded,
-//! 15 to 27 minutes on a 2-core box. Run it by hand with
-//! `cargo test --test engine_vllm -- --ignored --nocapture`; later runs
-//! take about 110 s once the image is cached by its inputs' hash.
+//! The clients run in a container of engine image B on the compose network
+//! (the image pins `openai`). Each phase's wall time is printed. Docker
+//! missing is a FAILURE, never a skip. ARGUS_E2E_KEEP=1 leaves the cluster.
 
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 #[path = "support/compose.rs"]
 mod compose;
 
-use compose::{log, output, run, workspace_root};
+use compose::{
+    build_cpu_engine_image, build_images, build_lb_image, free_port, lb_image, log, output,
+    require_docker, run, with_stdin, workspace_root, Cluster,
+};
 use serde_json::{json, Value};
 
-const RAY_VERSION: &str = "2.53.0";
-const VLLM_VERSION: &str = "0.12.0";
-const MODEL_ID: &str = "tiny-llama";
-/// Where the model folder is bound in the engine container.
-const MODEL_PATH: &str = "/models/tiny-llama";
+/// Endpoint A's vLLM before and after the upgrade; B's all along.
+const OLD: &str = "0.12.0";
+const NEW: &str = "0.13.0";
+const MODEL: &str = "tiny-llama";
 /// Tokens per greedy answer.
 const MAX_TOKENS: u64 = 16;
-/// Longest wait for the Serve application to come up (engine init on a
-/// loaded 2-core box).
-const DEPLOY_TIMEOUT: Duration = Duration::from_secs(900);
-
-fn image() -> String {
-    format!("localhost/neutree/engine-vllm:v{VLLM_VERSION}-ray{RAY_VERSION}-cpu")
-}
+/// Longest wait for the endpoints to come up: two CPU engines starting side
+/// by side on a loaded 2-core box.
+const DEPLOY_TIMEOUT: Duration = Duration::from_secs(1500);
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -75,44 +75,14 @@ fn phase<T>(name: &str, f: impl FnOnce() -> T) -> (T, Duration) {
     (v, took)
 }
 
-/// An engine container, removed on drop (unless ARGUS_E2E_KEEP=1).
-struct Container(String);
-
-impl Drop for Container {
-    fn drop(&mut self) {
-        if std::env::var("ARGUS_E2E_KEEP").as_deref() == Ok("1") {
-            log(&format!("ARGUS_E2E_KEEP=1: container {} left", self.0));
-            return;
-        }
-        let _ = docker()
-            .args(["rm", "-f", &self.0])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
+/// The serve module of a vLLM version: "0.12.0" -> "v0_12_0".
+fn module(vllm: &str) -> String {
+    format!("v{}", vllm.replace('.', "_"))
 }
 
-impl Container {
-    fn exec(&self, args: &[&str]) -> Output {
-        output(docker().arg("exec").arg(&self.0).args(args))
-    }
-
-    fn logs_tail(&self) -> String {
-        let out = output(docker().args(["logs", "--tail", "80", &self.0]));
-        format!("{}{}", text(&out.stdout), text(&out.stderr))
-    }
-
-    /// Ray's and Serve's logs in the container, last lines of each.
-    fn ray_logs(&self) -> String {
-        let out = self.exec(&[
-            "sh",
-            "-c",
-            "for f in /tmp/ray/session_latest/logs/serve/*.log \
-             /tmp/ray/session_latest/logs/worker-*.err; do \
-             echo \"=== $f\"; tail -n 40 \"$f\"; done 2>/dev/null | tail -n 400",
-        ]);
-        text(&out.stdout)
-    }
+/// The `x-argus-engine` header of a CPU engine image of `vllm`.
+fn engine_header(vllm: &str) -> String {
+    format!("vllm/v{vllm}-cpu")
 }
 
 /// The chat and completion cases, each answered greedily with MAX_TOKENS.
@@ -128,26 +98,122 @@ fn cases() -> Value {
     ])
 }
 
-fn serve_config() -> String {
-    [
-        format!("# Written by tests/engine_vllm.rs: the vLLM {VLLM_VERSION} endpoint."),
-        "proxy_location: HeadOnly".into(),
-        "http_options:".into(),
-        "  host: 0.0.0.0".into(),
-        "  port: 8000".into(),
-        "applications:".into(),
-        "  - name: llm".into(),
-        "    route_prefix: /".into(),
-        "    import_path: serve.vllm.v0_12_0.app:app_builder".into(),
-        "    args:".into(),
-        format!("      model: {MODEL_PATH}"),
-        format!("      model_id: {MODEL_ID}"),
-        "      engine_kwargs:".into(),
-        "        max_model_len: 256".into(),
-        "        max_num_seqs: 4".into(),
-        String::new(),
-    ]
-    .join("\n")
+/// docker/serve/llm-endpoints.yaml with its placeholders filled: endpoint A
+/// on vLLM `a`, B on `b`, this cluster's model cache.
+fn endpoints_config(c: &Cluster, a: &str, b: &str) -> String {
+    let p = workspace_root().join("docker/serve/llm-endpoints.yaml");
+    let t = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let out = t
+        .replace("${ENGINE_IMAGE_A}", &compose::cpu_engine_image(a))
+        .replace("${ENGINE_MODULE_A}", &module(a))
+        .replace("${ENGINE_IMAGE_B}", &compose::cpu_engine_image(b))
+        .replace("${ENGINE_MODULE_B}", &module(b))
+        .replace("${ARGUS_MODEL_CACHE}", &c.model_cache.display().to_string())
+        .replace("${MODEL}", MODEL);
+    for l in out.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        assert!(
+            !l.contains("${"),
+            "placeholder left in the Serve config: {l}"
+        );
+    }
+    out
+}
+
+/// `serve deploy` of `config` as the Ray user in the head, the way
+/// docs/serve.md does it.
+fn deploy(c: &Cluster, config: &str) {
+    let head = c.container("head");
+    let out = with_stdin(
+        &[
+            "exec",
+            "-u",
+            "ray",
+            "-i",
+            &head,
+            "sh",
+            "-c",
+            "cat > /tmp/ray/tmp/llm-endpoints.yaml && \
+             timeout 120 serve deploy -a http://127.0.0.1:8265 /tmp/ray/tmp/llm-endpoints.yaml",
+        ],
+        config,
+    );
+    if !out.status.success() {
+        c.dump_logs();
+        panic!(
+            "serve deploy failed ({})\n--- stdout\n{}\n--- stderr\n{}",
+            out.status,
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+}
+
+/// Runs the shell `script` in each worker (as root) and returns its
+/// output, each line prefixed with the worker's name.
+fn in_workers(c: &Cluster, script: &str) -> String {
+    let mut s = String::new();
+    for w in ["worker-1", "worker-2"] {
+        let out = output(docker().args(["exec", &c.container(w), "sh", "-c", script]));
+        for l in text(&out.stdout).lines() {
+            s.push_str(&format!("{w}: {l}\n"));
+        }
+    }
+    s
+}
+
+/// Serve's and the replicas' logs in the workers, last lines of each.
+fn serve_logs(c: &Cluster) -> String {
+    in_workers(
+        c,
+        "for f in /tmp/ray/session_latest/logs/serve/replica_*.log \
+         /tmp/ray/session_latest/logs/worker-*.err; do \
+         echo \"=== $f\"; tail -n 30 \"$f\"; done 2>/dev/null | tail -n 300",
+    )
+}
+
+/// Waits until both applications run one healthy replica each (fails at
+/// once when one is DEPLOY_FAILED).
+fn wait_running(c: &Cluster, timeout: Duration) -> Duration {
+    c.wait_serve_running(&[("llm-a", 1), ("llm-b", 1)], timeout)
+}
+
+/// Runs `python /fixtures/<script> ARGS` in engine image `image` on the
+/// compose network (where `lb` resolves), with the work folder at /work.
+fn client(c: &Cluster, image: &str, work: &Path, detach: Option<&str>, args: &[&str]) -> Output {
+    let fixtures = format!(
+        "{}:/fixtures:ro",
+        workspace_root().join("tests/fixtures").display()
+    );
+    let work = format!("{}:/work", work.display());
+    let network = format!("{}_default", c.project);
+    let mut cmd = docker();
+    cmd.arg("run");
+    match detach {
+        Some(name) => cmd.args(["-d", "--name", name]),
+        None => cmd.arg("--rm"),
+    };
+    cmd.args([
+        "--network",
+        &network,
+        "-v",
+        &fixtures,
+        "-v",
+        &work,
+        image,
+        "python",
+    ]);
+    output(cmd.args(args))
+}
+
+fn last_json(what: &str, o: &Output) -> Value {
+    let stdout = text(&o.stdout);
+    let last = stdout.lines().last().unwrap_or_default().to_string();
+    serde_json::from_str(&last).unwrap_or_else(|e| {
+        panic!(
+            "{what}: output is not JSON ({e}): {stdout}\n--- stderr\n{}",
+            text(&o.stderr)
+        )
+    })
 }
 
 /// Checks an OpenAI-style error answer: 4xx and a body with a message.
@@ -170,229 +236,14 @@ fn assert_openai_error(name: &str, v: &Value) {
     );
 }
 
-#[test]
-#[ignore = "builds the 9 GB CPU engine image (4.4 GB from PyPI, 15-27 min on a fresh 2-core machine): \
-            not yet in scripts/test, whose 90-minute CI budget it would nearly use up; \
-            run it with `cargo test --test engine_vllm -- --ignored`"]
-fn cpu_engine_answers_the_openai_api_as_the_reference_decode() {
-    let root = workspace_root();
-    let fixtures = root.join("tests/fixtures");
-    let image = image();
-
-    // 1. The image (a no-op when its inputs' hash matches the built one).
-    let (_, build) = phase("image build", || {
-        run(Command::new(root.join("scripts/build-images.sh"))
-            .current_dir(&root)
-            .args([
-                "engine",
-                "--local-base",
-                "--cpu",
-                "--engine-version",
-                &format!("v{VLLM_VERSION}"),
-            ])
-            .stderr(Stdio::inherit()))
-    });
-    let size = run(docker().args(["image", "inspect", "--format", "{{.Size}}", &image]));
-    log(&format!(
-        "image {image}: {:.2} GB",
-        size.trim().parse::<f64>().unwrap_or(0.0) / 1e9
-    ));
-
-    // 2. The model folder and the reference decodes, made in the image.
-    let tmp = tempfile::Builder::new()
-        .prefix("argus-engine-vllm-")
-        .tempdir()
-        .unwrap();
-    let work = tmp.path();
-    // The image's user (uid 1000) writes the model folder.
-    run(Command::new("chmod").arg("0777").arg(work));
-    std::fs::write(work.join("cases.json"), cases().to_string()).unwrap();
-    std::fs::write(work.join("serve.yaml"), serve_config()).unwrap();
-    let fixtures_bind = format!("{}:/fixtures:ro", fixtures.display());
-    let work_bind = format!("{}:/work", work.display());
-    let (made, _) = phase("model", || {
-        run(docker().args([
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "-v",
-            &fixtures_bind,
-            "-v",
-            &work_bind,
-            &image,
-            "python",
-            "/fixtures/tiny_llama.py",
-            "make",
-            "/work/models/tiny-llama",
-        ]))
-    });
-    log(&format!("model: {}", made.trim()));
-    let model_dir = work.join("models/tiny-llama");
-    let model_bind = format!("{}:{MODEL_PATH}:ro", model_dir.display());
-    let (reference, _) = phase("reference decode (transformers)", || {
-        let out = run(docker().args([
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "-v",
-            &fixtures_bind,
-            "-v",
-            &format!("{}:/work:ro", work.display()),
-            "-v",
-            &model_bind,
-            &image,
-            "python",
-            "/fixtures/tiny_llama.py",
-            "reference",
-            MODEL_PATH,
-            "/work/cases.json",
-        ]));
-        let last = out.lines().last().unwrap_or_default().to_string();
-        serde_json::from_str::<Value>(&last)
-            .unwrap_or_else(|e| panic!("reference output is not JSON ({e}): {out}"))
-    });
-
-    // 3. The engine container: the model read-only, a published loopback port.
-    let name = format!("argus-engine-vllm-test-{}", std::process::id());
-    let (engine, start) = phase("container start", || {
-        let _ = output(docker().args(["rm", "-f", &name]));
-        run(docker().args([
-            "run",
-            "-d",
-            "--name",
-            &name,
-            "--shm-size",
-            "1g",
-            "-p",
-            "127.0.0.1::8000",
-            "-e",
-            "VLLM_CPU_KVCACHE_SPACE=1",
-            "-e",
-            "RAY_USAGE_STATS_ENABLED=0",
-            // Serve gives a new proxy 5 s to say it is ready; a loaded
-            // 2-core box needs more (the proxy is otherwise restarted).
-            "-e",
-            "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S=60",
-            "-v",
-            &model_bind,
-            "-v",
-            &format!("{}/serve.yaml:/etc/argus/serve.yaml:ro", work.display()),
-            &image,
-            "sleep",
-            "infinity",
-        ]));
-        let engine = Container(name.clone());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !engine.exec(&["true"]).status.success() {
-            assert!(Instant::now() < deadline, "container {name} does not run");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        engine
-    });
-    let port = run(docker().args(["port", &name, "8000/tcp"]));
-    let port = port
-        .lines()
-        .find_map(|l| l.strip_prefix("127.0.0.1:"))
-        .unwrap_or_else(|| panic!("no loopback port published: {port}"))
-        .trim()
-        .to_string();
-    // A read-only bind: the engine cannot write the model folder.
-    let touch = engine.exec(&["touch", &format!("{MODEL_PATH}/x")]);
-    assert!(
-        !touch.status.success(),
-        "the model folder is writable in the engine container"
+/// One endpoint's answers (openai_calls.py's output) against the reference.
+fn check_answers(who: &str, seen: &Value, reference: &Value, engine: &str) {
+    assert_eq!(seen["models"], json!([MODEL]), "{who}: /v1/models");
+    assert_eq!(
+        seen["engine"],
+        json!(engine),
+        "{who}: the image that answered"
     );
-
-    // 4. Single-node Ray and `serve deploy`, as a user would.
-    let (_, ray_start) = phase("ray start", || {
-        let out = engine.exec(&[
-            "ray",
-            "start",
-            "--head",
-            "--num-cpus=2",
-            "--object-store-memory=200000000",
-            "--dashboard-host=127.0.0.1",
-            "--disable-usage-stats",
-        ]);
-        assert!(
-            out.status.success(),
-            "ray start failed: {}{}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-    });
-    let (_, init) = phase("engine init (serve deploy until RUNNING)", || {
-        let out = engine.exec(&["serve", "deploy", "/etc/argus/serve.yaml"]);
-        assert!(
-            out.status.success(),
-            "serve deploy failed: {}{}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-        let deadline = Instant::now() + DEPLOY_TIMEOUT;
-        loop {
-            let st = engine.exec(&["serve", "status"]);
-            let s = text(&st.stdout);
-            if s.contains("status: RUNNING") {
-                break;
-            }
-            if s.contains("DEPLOY_FAILED") || s.contains("status: UNHEALTHY") {
-                panic!(
-                    "the application failed:\n{s}\n--- Ray logs\n{}",
-                    engine.ray_logs()
-                );
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "not RUNNING within {DEPLOY_TIMEOUT:?}:\n{s}\n--- container\n{}\n--- Ray logs\n{}",
-                    engine.logs_tail(),
-                    engine.ray_logs()
-                );
-            }
-            std::thread::sleep(Duration::from_secs(2));
-        }
-    });
-
-    // 5. The official client, from the host's network to the published port.
-    let base = format!("http://127.0.0.1:{port}/v1");
-    let (seen, calls) = phase("client calls (first answer included)", || {
-        let out = output(docker().args([
-            "run",
-            "--rm",
-            "--network",
-            "host",
-            "-v",
-            &fixtures_bind,
-            "-v",
-            &format!("{}:/work:ro", work.display()),
-            &image,
-            "python",
-            "/fixtures/openai_calls.py",
-            &base,
-            MODEL_ID,
-            "/work/cases.json",
-        ]));
-        if !out.status.success() {
-            panic!(
-                "client failed: {}{}\n--- Ray logs\n{}",
-                text(&out.stdout),
-                text(&out.stderr),
-                engine.ray_logs()
-            );
-        }
-        let stdout = text(&out.stdout);
-        let last = stdout.lines().last().unwrap_or_default().to_string();
-        serde_json::from_str::<Value>(&last)
-            .unwrap_or_else(|e| panic!("client output is not JSON ({e}): {stdout}"))
-    });
-    log(&format!(
-        "openai {} client; first answer {:.2} s after RUNNING",
-        seen["openai"], seen["cases"][0]["seconds"]
-    ));
-
-    assert_eq!(seen["models"], json!([MODEL_ID]), "/v1/models");
     let want = reference["cases"].as_array().expect("reference cases");
     let got = seen["cases"].as_array().expect("client cases");
     assert_eq!(want.len(), got.len());
@@ -403,7 +254,7 @@ fn cpu_engine_answers_the_openai_api_as_the_reference_decode() {
             "completion"
         };
         log(&format!(
-            "case {i} ({kind}): reference {} tokens {:?}, engine {:?} ({})",
+            "{who} case {i} ({kind}): reference {} tokens {:?}, engine {:?} ({})",
             w["ids"].as_array().map_or(0, |a| a.len()),
             w["text"],
             g["text"],
@@ -413,43 +264,538 @@ fn cpu_engine_answers_the_openai_api_as_the_reference_decode() {
             w["ids"].as_array().is_some_and(|a| !a.is_empty()),
             "case {i}: the reference decode is empty (EOS first): pick another prompt"
         );
-        assert_eq!(g["ids"], w["ids"], "case {i} ({kind}): token ids");
-        assert_eq!(g["text"], w["text"], "case {i} ({kind}): text");
+        assert_eq!(g["ids"], w["ids"], "{who} case {i} ({kind}): token ids");
+        assert_eq!(g["text"], w["text"], "{who} case {i} ({kind}): text");
         assert_eq!(
             g["stream_text"], w["text"],
-            "case {i} ({kind}): streamed text"
+            "{who} case {i} ({kind}): streamed text"
         );
         assert!(
             g["stream_chunks"].as_u64().unwrap_or(0) > 1,
-            "case {i}: the stream came in one piece: {g}"
+            "{who} case {i}: the stream came in one piece: {g}"
         );
         assert_eq!(
             g["usage"]["prompt_tokens"].as_u64(),
             w["prompt_ids"].as_array().map(|a| a.len() as u64),
-            "case {i} ({kind}): prompt tokens (same tokenisation and chat template)"
+            "{who} case {i} ({kind}): prompt tokens (same tokenisation and chat template)"
         );
     }
-    assert_openai_error("unknown model", &seen["unknown_model"]);
-    assert_openai_error("prompt over the context length", &seen["too_long"]);
-    assert_openai_error("malformed JSON", &seen["malformed_json"]);
-    log(&format!(
-        "errors: unknown model {}, too long {}, malformed JSON {}",
-        seen["unknown_model"]["status"],
-        seen["too_long"]["status"],
-        seen["malformed_json"]["status"]
-    ));
+    assert_openai_error(&format!("{who}: unknown model"), &seen["unknown_model"]);
+    assert_openai_error(
+        &format!("{who}: prompt over the context length"),
+        &seen["too_long"],
+    );
+    assert_openai_error(&format!("{who}: malformed JSON"), &seen["malformed_json"]);
     assert!(
         seen["after_errors"].is_string(),
-        "no answer after the bad requests"
+        "{who}: no answer after the bad requests"
     );
+}
+
+/// The engine containers of `image` that run now (any node's shim made them).
+fn running_engines(image: &str) -> Vec<String> {
+    let out = run(docker().args([
+        "ps",
+        "-q",
+        "--no-trunc",
+        "--filter",
+        &format!("ancestor={image}"),
+    ]));
+    out.lines().map(str::to_string).collect()
+}
+
+/// Waits until the load clients' progress satisfies `ok`; returns it.
+fn wait_progress(work: &Path, what: &str, timeout: Duration, ok: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    let mut last = Value::Null;
+    while start.elapsed() < timeout {
+        if let Ok(s) = std::fs::read_to_string(work.join("load/progress.json")) {
+            if let Ok(v) = serde_json::from_str::<Value>(&s) {
+                if ok(&v) {
+                    log(&format!(
+                        "{what}: after {:.1} s: {v}",
+                        start.elapsed().as_secs_f64()
+                    ));
+                    return v;
+                }
+                last = v;
+            }
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    panic!("{what}: not within {timeout:?}; last progress: {last}");
+}
+
+/// Seconds since the epoch of a Docker timestamp (RFC 3339, nanoseconds).
+fn epoch_of(ts: &str) -> f64 {
+    let out = run(Command::new("date").args(["-d", ts.trim(), "+%s.%N"]));
+    out.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("date -d {ts}: {out} ({e})"))
+}
+
+fn now_epoch() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// vLLM's own start-up figures (weights loaded, engine initialised) from
+/// the replicas' logs in the workers.
+fn vllm_start_lines(c: &Cluster) -> Vec<String> {
+    in_workers(
+        c,
+        "grep -h -E 'Loading weights took|Model loading took|init engine .* took' \
+         /tmp/ray/session_latest/logs/worker-*.err /tmp/ray/session_latest/logs/worker-*.out 2>/dev/null",
+    )
+    .lines()
+    .map(|l| l.trim().to_string())
+    .collect()
+}
+
+/// TTFT and decode rate of `n` streamed answers through `base`, from a
+/// client container on the compose network (tests/fixtures/openai_bench.py).
+fn bench_through(c: &Cluster, image: &str, work: &Path, base: &str, n: &str) -> Value {
+    let out = client(
+        c,
+        image,
+        work,
+        None,
+        &["/fixtures/openai_bench.py", base, MODEL, n],
+    );
+    assert!(
+        out.status.success(),
+        "bench through {base}: {}",
+        text(&out.stderr)
+    );
+    last_json(&format!("bench through {base}"), &out)
+}
+
+/// The same bench against the same engine image, model and engine options
+/// called directly: vLLM's own OpenAI server started inside the engine
+/// container `engine` on its loopback, the client beside it (no Serve, no
+/// lb, no shim on the path). The server is stopped afterwards.
+fn bench_direct(engine: &str, n: &str) -> Value {
+    let port = "18001";
+    run(docker().args([
+        "exec",
+        "-d",
+        engine,
+        "sh",
+        "-c",
+        &format!(
+            "echo $$ > /tmp/direct.pid; TORCHDYNAMO_DISABLE=1 exec python -m vllm.entrypoints.openai.api_server \
+             --model /models/{MODEL} --served-model-name {MODEL} --dtype float32 --enforce-eager \
+             --max-model-len 256 --max-num-seqs 4 --host 127.0.0.1 --port {port} > /tmp/direct.log 2>&1"
+        ),
+    ]));
+    let start = Instant::now();
+    loop {
+        let up = output(docker().args([
+            "exec",
+            engine,
+            "python",
+            "-c",
+            &format!(
+                "import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=5)"
+            ),
+        ]));
+        if up.status.success() {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(900) {
+            let log =
+                output(docker().args(["exec", engine, "tail", "-n", "40", "/tmp/direct.log"]));
+            panic!(
+                "vLLM's own server did not start in {engine}: {}",
+                text(&log.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    log(&format!(
+        "direct vLLM server up in {:.1} s",
+        start.elapsed().as_secs_f64()
+    ));
+    let script = workspace_root().join("tests/fixtures/openai_bench.py");
+    let out = Command::new("docker")
+        .args(["exec", "-i", engine, "python", "-"])
+        .args([&format!("http://127.0.0.1:{port}/v1"), MODEL, n])
+        .stdin(std::fs::File::open(script).unwrap())
+        .output()
+        .unwrap();
+    let _ = output(docker().args(["exec", engine, "sh", "-c", "kill $(cat /tmp/direct.pid)"]));
+    assert!(out.status.success(), "direct bench: {}", text(&out.stderr));
+    last_json("direct bench", &out)
+}
+
+/// The load client container, removed on drop.
+struct Load(String);
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        let _ = output(docker().args(["rm", "-f", &self.0]));
+    }
+}
+
+#[test]
+fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_without_loss() {
+    require_docker();
+    let root = workspace_root();
+
+    // 1. Images: the node's, the lb's and two CPU engines (no-ops when built).
+    let ((img_old, img_new), build) = phase("images", || {
+        build_images(false);
+        build_lb_image();
+        (build_cpu_engine_image(OLD), build_cpu_engine_image(NEW))
+    });
+    for img in [&img_old, &img_new] {
+        let size = run(docker().args(["image", "inspect", "--format", "{{.Size}}", img]));
+        log(&format!(
+            "image {img}: {:.2} GB",
+            size.trim().parse::<f64>().unwrap_or(0.0) / 1e9
+        ));
+    }
+
+    // 2. The cluster with its lb.
+    let serve_port = free_port().to_string();
+    let lb = lb_image();
+    let c = Cluster::up(&[
+        ("ARGUS_LB_IMAGE", lb.as_str()),
+        ("ARGUS_SERVE_HOST_PORT", serve_port.as_str()),
+    ]);
+    c.compose_run(&["up", "-d", "--no-build", "lb"]);
+
+    // 3. The model in the model cache, and the reference decodes, made in
+    // engine image A while the nodes start. Written as this test's user;
+    // the engines read it through a read-only bind.
+    let work = c.tmpdir.join("work");
+    std::fs::create_dir_all(work.join("load")).unwrap();
+    run(Command::new("chmod").args(["-R", "0777"]).arg(&work));
+    std::fs::write(work.join("cases.json"), cases().to_string()).unwrap();
+    let me = format!("{}:{}", nix::unistd::getuid(), nix::unistd::getgid());
+    let fixtures = format!("{}:/fixtures:ro", root.join("tests/fixtures").display());
+    let cache = format!("{}:/cache", c.model_cache.display());
+    let (reference, _) = phase("model and reference decode", || {
+        run(docker().args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "-u",
+            &me,
+            "-e",
+            "HOME=/tmp",
+            "-v",
+            &fixtures,
+            "-v",
+            &cache,
+            &img_old,
+            "python",
+            "/fixtures/tiny_llama.py",
+            "make",
+            &format!("/cache/{MODEL}"),
+        ]));
+        let out = run(docker().args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "-e",
+            "HOME=/tmp",
+            "-v",
+            &fixtures,
+            "-v",
+            &format!("{}:/cache:ro", c.model_cache.display()),
+            "-v",
+            &format!("{}:/work:ro", work.display()),
+            &img_old,
+            "python",
+            "/fixtures/tiny_llama.py",
+            "reference",
+            &format!("/cache/{MODEL}"),
+            "/work/cases.json",
+        ]));
+        let last = out.lines().last().unwrap_or_default().to_string();
+        serde_json::from_str::<Value>(&last)
+            .unwrap_or_else(|e| panic!("reference output is not JSON ({e}): {out}"))
+    });
+    c.wait_nodes("three nodes alive", Duration::from_secs(300), |n| {
+        n.len() == 3
+    });
+
+    // 4. Both endpoints, `serve deploy`ed from the product's config.
+    let (_, init) = phase("serve deploy until both endpoints RUNNING", || {
+        deploy(&c, &endpoints_config(&c, OLD, NEW));
+        wait_running(&c, DEPLOY_TIMEOUT)
+    });
+    let engines_old = running_engines(&img_old);
+    assert_eq!(
+        engines_old.len(),
+        1,
+        "endpoint A: one engine container of {img_old}: {engines_old:?}"
+    );
+    // The model cache is read-only in the engine.
+    let touch = output(docker().args([
+        "exec",
+        &engines_old[0],
+        "touch",
+        &format!("/models/{MODEL}/x"),
+    ]));
+    assert!(
+        !touch.status.success(),
+        "the model cache is writable in the engine container"
+    );
+
+    // 5. Each endpoint through the lb, with the official client.
+    let base = |e: &str| format!("http://lb:8000/{e}/v1");
+    let (_, calls) = phase("client calls through the lb (both endpoints)", || {
+        for (e, vllm) in [("a", OLD), ("b", NEW)] {
+            // The lb sends to a worker once its proxy answers its check.
+            let start = Instant::now();
+            loop {
+                let probe = client(
+                    &c,
+                    &img_new,
+                    &work,
+                    None,
+                    &[
+                        "-c",
+                        "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=30)",
+                        &format!("{}/models", base(e)),
+                    ],
+                );
+                if probe.status.success() {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(180),
+                    "the lb does not reach endpoint {e}: {}",
+                    text(&probe.stderr)
+                );
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            let out = client(
+                &c,
+                &img_new,
+                &work,
+                None,
+                &[
+                    "/fixtures/openai_calls.py",
+                    &base(e),
+                    MODEL,
+                    "/work/cases.json",
+                ],
+            );
+            assert!(
+                out.status.success(),
+                "endpoint {e}: client failed: {}{}\n{}",
+                text(&out.stdout),
+                text(&out.stderr),
+                serve_logs(&c)
+            );
+            let seen = last_json(&format!("endpoint {e}"), &out);
+            check_answers(
+                &format!("endpoint {e}"),
+                &seen,
+                &reference,
+                &engine_header(vllm),
+            );
+            log(&format!(
+                "endpoint {e} (vLLM {vllm}): openai {}, errors {} / {} / {}, first answer {:.2} s",
+                seen["openai"],
+                seen["unknown_model"]["status"],
+                seen["too_long"]["status"],
+                seen["malformed_json"]["status"],
+                seen["cases"][0]["seconds"].as_f64().unwrap_or(0.0)
+            ));
+        }
+    });
+    // No replica lost to the bad requests.
+    wait_running(&c, Duration::from_secs(60));
+
+    // The cost of the path (Serve + lb + shim) on streamed answers: always
+    // through the lb; against vLLM's own server in the same container with
+    // ARGUS_ENGINE_BENCH=1 (scripts/bench-engine.sh), which starts a second
+    // engine.
+    let lb_bench = bench_through(&c, &img_new, &work, &base("a"), "10");
+    log(&format!("bench through the lb (endpoint A): {lb_bench}"));
+    let direct = (std::env::var("ARGUS_ENGINE_BENCH").as_deref() == Ok("1"))
+        .then(|| bench_direct(&engines_old[0], "10"));
+    if let Some(d) = &direct {
+        log(&format!(
+            "bench direct (vLLM's server in A's container): {d}"
+        ));
+    }
+    let b_engine = running_engines(&img_new);
+    assert_eq!(
+        b_engine.len(),
+        1,
+        "endpoint B: one engine container: {b_engine:?}"
+    );
+
+    // 6. The upgrade of A under load on both.
+    let load_name = format!("{}-load", c.project);
+    let load = Load(load_name.clone());
+    let started = client(
+        &c,
+        &img_new,
+        &work,
+        Some(&load_name),
+        &[
+            "/fixtures/openai_load.py",
+            "/work/load",
+            MODEL,
+            &format!("a={}", base("a")),
+            &format!("b={}", base("b")),
+        ],
+    );
+    assert!(
+        started.status.success(),
+        "load clients did not start: {}",
+        text(&started.stderr)
+    );
+    wait_progress(
+        &work,
+        "both endpoints answer the load",
+        Duration::from_secs(300),
+        |v| v["a"]["ok"].as_u64() >= Some(3) && v["b"]["ok"].as_u64() >= Some(3),
+    );
+    let new_a = engine_header(NEW);
+    let deploy_at = now_epoch();
+    let (first_new_at, upgrade) = phase("upgrade A until it answers from the new image", || {
+        deploy(&c, &endpoints_config(&c, NEW, NEW));
+        let before = wait_progress(&work, "A answers from the new image", DEPLOY_TIMEOUT, |v| {
+            v["a"]["engines"][&new_a].as_u64() >= Some(1)
+        });
+        let first_new_at = now_epoch();
+        let n = before["a"]["engines"][&new_a].as_u64().unwrap_or(0);
+        wait_running(&c, DEPLOY_TIMEOUT);
+        // A few more answers after Serve calls it done.
+        wait_progress(
+            &work,
+            "A keeps answering from the new image",
+            Duration::from_secs(300),
+            |v| {
+                v["a"]["engines"][&new_a].as_u64() >= Some(n + 5)
+                    && v["a"]["last_engine"] == json!(new_a)
+            },
+        );
+        first_new_at
+    });
+    // A's cold start, split: until the shim created its engine container,
+    // until the container ran, until it answered (Ray worker, Serve replica,
+    // vLLM engine init and model load; vLLM's own figures below).
+    let new_engine = running_engines(&img_new)
+        .into_iter()
+        .find(|id| !b_engine.contains(id))
+        .expect("A's new engine container");
+    let times = run(docker().args([
+        "inspect",
+        "--format",
+        "{{.Created}} {{.State.StartedAt}}",
+        &new_engine,
+    ]));
+    let (created, started) = times.trim().split_once(' ').expect("two timestamps");
+    let (created, started) = (epoch_of(created), epoch_of(started));
+    let cold = (
+        created - deploy_at,
+        started - created,
+        first_new_at - started,
+    );
+    let start_lines = vllm_start_lines(&c);
+    std::fs::write(work.join("load/stop"), "").unwrap();
+    let waited = run(docker().args(["wait", &load_name]));
+    let logs = output(docker().args(["logs", &load_name]));
+    drop(load);
+    let result: Value = std::fs::read_to_string(work.join("load/result.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no load result (exit {}): {}{}",
+                waited.trim(),
+                text(&logs.stdout),
+                text(&logs.stderr)
+            )
+        });
+    log(&format!("load result: {result}"));
+    let (a, b) = (&result["a"], &result["b"]);
+    assert_eq!(
+        b["failed"],
+        json!(0),
+        "endpoint B lost requests while A was upgraded: {b}"
+    );
+    assert!(b["ok"].as_u64() > Some(0), "endpoint B never answered: {b}");
+    assert_eq!(
+        b["engines"]
+            .as_object()
+            .map(|m| m.keys().cloned().collect::<Vec<_>>()),
+        Some(vec![engine_header(NEW)]),
+        "endpoint B answered from another image: {b}"
+    );
+    assert_eq!(
+        a["last_engine"],
+        json!(new_a),
+        "endpoint A after the upgrade: {a}"
+    );
+    assert!(
+        running_engines(&img_old).is_empty(),
+        "the old engine container of A still runs: {:?}",
+        running_engines(&img_old)
+    );
+    assert_eq!(
+        running_engines(&img_new).len(),
+        2,
+        "one engine each for A and B"
+    );
+
     eprintln!(
-        "engine_vllm figures: image build {:.1} s, container start {:.1} s, ray start {:.1} s, \
-         engine init {:.1} s, first answer {:.2} s, all calls {:.1} s",
+        "engine_vllm cold start of A on {NEW}: serve deploy -> container created {:.1} s, \
+         created -> running {:.1} s, running -> first answer {:.1} s (total {:.1} s)\n\
+         vLLM's start-up lines:\n  {}",
+        cold.0,
+        cold.1,
+        cold.2,
+        first_new_at - deploy_at,
+        start_lines.join("\n  ")
+    );
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    match &direct {
+        Some(d) => eprintln!(
+            "engine_vllm bench (10 streamed answers of 64 tokens, median): through the lb TTFT {:.3} s, \
+             {:.1} tok/s; direct TTFT {:.3} s, {:.1} tok/s; ratio lb/direct TTFT {:.2}, tok/s {:.2}",
+            f(&lb_bench, "ttft_s"),
+            f(&lb_bench, "tok_s"),
+            f(d, "ttft_s"),
+            f(d, "tok_s"),
+            f(&lb_bench, "ttft_s") / f(d, "ttft_s"),
+            f(&lb_bench, "tok_s") / f(d, "tok_s")
+        ),
+        None => eprintln!(
+            "engine_vllm bench (10 streamed answers of 64 tokens, median): through the lb TTFT {:.3} s, \
+             {:.1} tok/s (ARGUS_ENGINE_BENCH=1 adds the direct figures)",
+            f(&lb_bench, "ttft_s"),
+            f(&lb_bench, "tok_s")
+        ),
+    }
+    eprintln!(
+        "engine_vllm figures: images {:.1} s, both endpoints up {:.1} s, client calls {:.1} s, \
+         upgrade {:.1} s; during the upgrade B {} ok / {} failed (p50 {:.2} s, max {:.2} s), \
+         A {} ok / {} failed ({} from {OLD}, {} from {NEW}; errors {})",
         build.as_secs_f64(),
-        start.as_secs_f64(),
-        ray_start.as_secs_f64(),
         init.as_secs_f64(),
-        seen["cases"][0]["seconds"].as_f64().unwrap_or(0.0),
-        calls.as_secs_f64()
+        calls.as_secs_f64(),
+        upgrade.as_secs_f64(),
+        b["ok"],
+        b["failed"],
+        b["p50_s"].as_f64().unwrap_or(0.0),
+        b["max_s"].as_f64().unwrap_or(0.0),
+        a["ok"],
+        a["failed"],
+        a["engines"][engine_header(OLD)],
+        a["engines"][&new_a],
+        a["errors"]
     );
 }

@@ -208,6 +208,49 @@ pub fn build_prometheus_image() {
     });
 }
 
+pub fn lb_image() -> String {
+    format!("argus/argus-lb:{}", e2e_version())
+}
+
+/// Builds the `lb` service's image (Dockerfile.lb: HAProxy, its config
+/// checked at build) on the registry-free base. Once per process.
+pub fn build_lb_image() {
+    use std::sync::Once;
+    static BUILT: Once = Once::new();
+    BUILT.call_once(|| {
+        log(&format!("building {}", lb_image()));
+        let root = workspace_root();
+        run(Command::new(root.join("scripts/build-images.sh"))
+            .current_dir(&root)
+            .env("ARGUS_VERSION", e2e_version())
+            .args(["lb", "--local-base"]));
+    });
+}
+
+/// The CPU engine image of vLLM `vllm` (e.g. "0.12.0").
+pub fn cpu_engine_image(vllm: &str) -> String {
+    format!("localhost/neutree/engine-vllm:v{vllm}-ray{RAY_VERSION}-cpu")
+}
+
+/// Builds the CPU engine image of vLLM `vllm` (scripts/build-images.sh
+/// engine --cpu): a no-op when the image's inputs' hash matches, and waits
+/// for a build of the same images already under way (scripts/test starts
+/// them beside the tests; the script takes a lock).
+pub fn build_cpu_engine_image(vllm: &str) -> String {
+    let root = workspace_root();
+    log(&format!(
+        "building {} (cached by its inputs' hash)",
+        cpu_engine_image(vllm)
+    ));
+    run(Command::new(root.join("scripts/build-images.sh"))
+        .current_dir(&root)
+        .env("VLLM_VERSION", vllm)
+        .args(["engine", "--local-base", "--cpu"])
+        .args(["--engine-version", &format!("v{vllm}")])
+        .stderr(Stdio::inherit()));
+    cpu_engine_image(vllm)
+}
+
 pub fn engine_image(version: &str) -> String {
     format!("localhost/neutree/engine-vllm:{version}-ray{RAY_VERSION}")
 }
@@ -546,4 +589,83 @@ pub fn podman_as_ray(container: &str, args: &[&str]) -> Output {
     let mut a = vec!["exec", "-u", "ray", container, "podman"];
     a.extend_from_slice(args);
     output(Command::new("docker").args(&a))
+}
+
+/// `serve status` as JSON (it prints YAML).
+pub const SERVE_STATUS_SCRIPT: &str = r#"
+import json, subprocess, sys, yaml
+p = subprocess.run(["serve", "status", "-a", "http://127.0.0.1:8265"], capture_output=True, text=True, timeout=60)
+if p.returncode != 0:
+    sys.exit(p.stderr.strip()[-2000:] or f"serve status exited {p.returncode}")
+print(json.dumps(yaml.safe_load(p.stdout) or {}))
+"#;
+
+impl Cluster {
+    /// `serve status` as JSON, or why not.
+    pub fn serve_status(&self) -> Result<Value, String> {
+        let out = output(Command::new("docker").args([
+            "exec",
+            "-u",
+            "ray",
+            &self.container("head"),
+            "python",
+            "-c",
+            SERVE_STATUS_SCRIPT,
+        ]));
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
+    }
+
+    /// Waits until `serve status` shows each of `apps` RUNNING with all
+    /// its deployments HEALTHY at exactly that many RUNNING replicas (no
+    /// replica starting or stopping); returns the time it took. Fails at
+    /// once, with Serve's message, when one of them is DEPLOY_FAILED.
+    pub fn wait_serve_running(&self, apps: &[(&str, u32)], timeout: Duration) -> Duration {
+        let start = Instant::now();
+        let mut last = String::new();
+        let ok = |v: &Value| {
+            apps.iter().all(|(app, n)| {
+                let a = &v["applications"][*app];
+                a["status"] == "RUNNING"
+                    && a["deployments"].as_object().is_some_and(|ds| {
+                        !ds.is_empty()
+                            && ds.values().all(|d| {
+                                d["status"] == "HEALTHY"
+                                    && d["replica_states"] == serde_json::json!({ "RUNNING": *n })
+                            })
+                    })
+            })
+        };
+        while start.elapsed() < timeout {
+            match self.serve_status() {
+                Ok(v) if ok(&v) => {
+                    log(&format!(
+                        "serve status {apps:?} RUNNING after {:.1}s",
+                        start.elapsed().as_secs_f64()
+                    ));
+                    return start.elapsed();
+                }
+                Ok(v) => {
+                    // A failed deployment does not heal by waiting: say
+                    // Serve's reason now.
+                    for (app, _) in apps {
+                        if v["applications"][*app]["status"] == "DEPLOY_FAILED" {
+                            self.dump_logs();
+                            panic!(
+                                "serve status: {app} DEPLOY_FAILED: {}",
+                                v["applications"][*app]
+                            );
+                        }
+                    }
+                    last = v.to_string()
+                }
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        self.dump_logs();
+        panic!("serve status: {apps:?} not RUNNING within {timeout:?}; last status: {last}");
+    }
 }
