@@ -19,7 +19,9 @@
 #      below), until RUNNING;
 #   4. one chat completion and one streamed chat completion with the
 #      official `openai` client (pinned in the image), printed.
-# The container is removed at the end (KEEP=1 leaves it). Options:
+# The container is removed at the end (KEEP=1 leaves it). MAX_MODEL_LEN
+# bounds the context (vLLM's max_model_len; default the model's own, which a
+# long-context model's KV cache may not fit on a small GPU). Options:
 #   --cpu   run on a CPU engine image (…-cpu) without a GPU: no step 1, no
 #           --gpus, torch need not see CUDA; to try the script on any box.
 #
@@ -95,21 +97,22 @@ applications:
     args:
       model: /models/$model_id
       model_id: $model_id
-      engine_kwargs: {max_model_len: 2048}
+      engine_kwargs: {${MAX_MODEL_LEN:+max_model_len: $MAX_MODEL_LEN}}
     deployments:
       - name: VllmOpenAI
         num_replicas: 1
         health_check_timeout_s: 120
         ray_actor_options: {num_cpus: 1, num_gpus: $num_gpus}
 EOF
-docker exec "$name" ray start --head --disable-usage-stats --dashboard-host=127.0.0.1 >/dev/null ||
+docker exec "$name" ray start --head --disable-usage-stats --dashboard-host=127.0.0.1 --object-store-memory=500000000 >/dev/null ||
   fail "ray start in the engine container"
 docker exec "$name" serve deploy /tmp/serve.yaml >/dev/null || fail "serve deploy"
 deadline=$(( $(date +%s) + ${DEPLOY_TIMEOUT_S:-1200} ))
 until docker exec "$name" serve status | grep -q 'status: RUNNING'; do
   if docker exec "$name" serve status | grep -qE 'DEPLOY_FAILED|status: UNHEALTHY'; then
     docker exec "$name" serve status >&2
-    fail "the application failed (Ray's logs: docker exec $name ls /tmp/ray/session_latest/logs/serve)"
+    docker exec "$name" sh -c 'grep -h -E "^[A-Za-z_.]*(Error|Exception)[:(]|Value error" /tmp/ray/session_latest/logs/worker-*.err | grep -v "^RuntimeError: Traceback" | tail -n 5' >&2 || true
+    fail "the application failed (the replica's errors above; KEEP=1 and docker exec $name ls /tmp/ray/session_latest/logs)"
   fi
   [ "$(date +%s)" -lt "$deadline" ] || fail "not RUNNING within ${DEPLOY_TIMEOUT_S:-1200} s"
   sleep 2
