@@ -173,58 +173,49 @@ pub fn redis_image() -> String {
     format!("argus/argus-redis:{}", e2e_version())
 }
 
-/// Builds the GCS FT Redis image (Dockerfile.redis) on the registry-free
-/// base. Once per process; Docker's layer cache makes a rebuild quick.
-pub fn build_redis_image() {
-    use std::sync::Once;
-    static BUILT: Once = Once::new();
-    BUILT.call_once(|| {
-        log(&format!("building {}", redis_image()));
-        let root = workspace_root();
-        run(Command::new(root.join("scripts/build-images.sh"))
-            .current_dir(&root)
-            .env("ARGUS_VERSION", e2e_version())
-            .args(["redis", "--local-base"]));
-    });
-}
-
 pub fn prometheus_image() -> String {
     format!("argus/argus-prometheus:{}", e2e_version())
-}
-
-/// Builds the monitoring Prometheus image (Dockerfile.prometheus, which runs
-/// promtool on its config and rules) on the registry-free base. Once per
-/// process; Docker's layer cache makes a rebuild quick.
-pub fn build_prometheus_image() {
-    use std::sync::Once;
-    static BUILT: Once = Once::new();
-    BUILT.call_once(|| {
-        log(&format!("building {}", prometheus_image()));
-        let root = workspace_root();
-        run(Command::new(root.join("scripts/build-images.sh"))
-            .current_dir(&root)
-            .env("ARGUS_VERSION", e2e_version())
-            .args(["monitoring", "--local-base"]));
-    });
 }
 
 pub fn lb_image() -> String {
     format!("argus/argus-lb:{}", e2e_version())
 }
 
-/// Builds the `lb` service's image (Dockerfile.lb: HAProxy, its config
-/// checked at build) on the registry-free base. Once per process.
+/// Builds the image of one of the compose file's service kinds
+/// (`scripts/build-images.sh <kind> --local-base`, tagged with this run's
+/// version) on the registry-free base, once per process; Docker's layer
+/// cache makes a rebuild quick.
+fn build_service_image(kind: &str, tag: String) {
+    use std::sync::Mutex;
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if built.iter().any(|k| k == kind) {
+        return;
+    }
+    log(&format!("building {tag}"));
+    let root = workspace_root();
+    run(Command::new(root.join("scripts/build-images.sh"))
+        .current_dir(&root)
+        .env("ARGUS_VERSION", e2e_version())
+        .args([kind, "--local-base"]));
+    built.push(kind.to_string());
+}
+
+/// The GCS FT Redis image (Dockerfile.redis).
+pub fn build_redis_image() {
+    build_service_image("redis", redis_image());
+}
+
+/// The monitoring Prometheus image (Dockerfile.prometheus, which runs
+/// promtool on its config and rules).
+pub fn build_prometheus_image() {
+    build_service_image("monitoring", prometheus_image());
+}
+
+/// The `lb` service's image (Dockerfile.lb: HAProxy, its config checked at
+/// build).
 pub fn build_lb_image() {
-    use std::sync::Once;
-    static BUILT: Once = Once::new();
-    BUILT.call_once(|| {
-        log(&format!("building {}", lb_image()));
-        let root = workspace_root();
-        run(Command::new(root.join("scripts/build-images.sh"))
-            .current_dir(&root)
-            .env("ARGUS_VERSION", e2e_version())
-            .args(["lb", "--local-base"]));
-    });
+    build_service_image("lb", lb_image());
 }
 
 /// The CPU engine image of vLLM `vllm` (e.g. "0.12.0").
