@@ -101,3 +101,112 @@ fn stop_removes_engines(ray_ignores_term: bool) {
         );
     }
 }
+
+/// A node killed outright (`docker kill`, a host that vanished) leaves the
+/// engine containers of its attached `podman run`s behind: their shims died
+/// with it. The next agent of that node removes them when it starts, not
+/// only at its first periodic sweep (30 s later).
+#[test]
+fn a_restarted_node_removes_the_engines_its_killed_run_left() {
+    shim_support::require_docker();
+    let img = shim_support::image();
+    let label = shim_support::unique("node-janitor-restart");
+    let o = shim_support::docker(&[
+        "run",
+        "-d",
+        "--label",
+        &label,
+        img,
+        "/bin/tool",
+        "sleep",
+        "300",
+    ]);
+    assert!(o.status.success(), "{}", shim_support::show(&o));
+    let ray_container = shim_support::stdout(&o).trim().to_string();
+
+    let sb = Sandbox::new();
+    let mut env = sb.env("n", "head");
+    env.insert("ARGUS_SHIM_SELF_ID".into(), ray_container.clone());
+    let mut first = Agent::start(&sb, "n", &env);
+    first.wait_for("running", Duration::from_secs(10), |a| {
+        a.state() == "running"
+    });
+
+    // An attached run, as Ray's container plugin makes: its shim stays and
+    // watches the container.
+    let engine_label = format!("{label}-engine");
+    let mut shim = shim_support::podman(&[
+        "run",
+        "--label",
+        &engine_label,
+        img,
+        "/bin/tool",
+        "sleep",
+        "300",
+    ])
+    .env("ARGUS_SHIM_SELF_ID", &ray_container)
+    .env("ARGUS_STATE_DIR", &env["ARGUS_STATE_DIR"])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while shim_support::containers_with(&engine_label).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the engine never started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The node dies whole: the agent, the podman handler and watchdog it
+    // forked (the watchdog would otherwise remove the container) and the
+    // shim; no stop sweep runs.
+    let mut doomed = descendants(first.pid());
+    doomed.extend(descendants(shim.id() as i32));
+    doomed.push(first.pid());
+    for pid in &doomed {
+        // SAFETY: kill(2) on processes this test started.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    first
+        .wait_exit(Duration::from_secs(10))
+        .expect("agent killed");
+    shim.kill().unwrap();
+    shim.wait().unwrap();
+    assert_eq!(shim_support::containers_with(&engine_label).len(), 1);
+
+    let started = std::time::Instant::now();
+    let mut second = Agent::start(&sb, "n", &env);
+    // Well inside the 30 s of the periodic sweep.
+    let deadline = started + Duration::from_secs(25);
+    let mut left = shim_support::containers_with(&engine_label);
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        left = shim_support::containers_with(&engine_label);
+    }
+    let took = started.elapsed();
+    second.signal(libc::SIGTERM);
+    second.wait_exit(Duration::from_secs(15));
+    shim_support::force_remove(&left);
+    shim_support::force_remove(&[ray_container]);
+    assert!(
+        left.is_empty(),
+        "the killed run's engine is still there {took:?} after the node restarted\n{}",
+        second.log()
+    );
+    eprintln!("the killed run's engine was removed {took:?} after the restart");
+}
+
+/// Every descendant of `pid`, found now.
+fn descendants(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        for (c, _) in support::children_of(p) {
+            out.push(c);
+            todo.push(c);
+        }
+    }
+    out
+}

@@ -26,7 +26,9 @@ pub(super) struct Janitor {
 }
 
 impl Janitor {
-    /// Starts the thread; its first sweep of dead shims is after 30 s. When
+    /// Starts the thread; it sweeps dead shims' containers at once (those
+    /// a previous run of this node left when it was killed: their shims
+    /// died with it) and then every 30 s. When
     /// `stop` is requested it removes every container this node owns at
     /// once, while the node stops Ray, and ends.
     pub(super) fn start(stop: &Stop) -> Self {
@@ -68,6 +70,7 @@ impl Janitor {
 /// The thread: a sweep of dead shims every [`EVERY`] until the stop (a
 /// message on `woken`), then one removal of everything owned.
 fn run(woken: Receiver<()>, done: SyncSender<Outcome>, cut: CancellationToken) {
+    let _ = sweep(JanitorScope::DeadShims, &cut);
     loop {
         match woken.recv_timeout(EVERY) {
             Ok(()) => {

@@ -332,6 +332,20 @@ pub fn process_start(pid: u32) -> Option<u64> {
     after.split(' ').nth(19)?.parse().ok()
 }
 
+/// Like [`process_start`], but `None` for a process that has exited and
+/// not been reaped yet (a zombie, state `Z` or `X`): its pid is still
+/// taken, but it runs no code. A shim killed with its node can stay a
+/// zombie under an init that does not reap.
+pub fn running_process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    let mut fields = after.split(' ');
+    if matches!(fields.next(), Some("Z" | "X")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,6 +356,25 @@ mod tests {
         let a = process_start(me).unwrap();
         assert_eq!(process_start(me), Some(a));
         assert_eq!(process_start(u32::MAX), None);
+        assert_eq!(running_process_start(me), Some(a));
+    }
+
+    #[test]
+    fn a_zombie_has_a_start_but_is_not_running() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Not waited for: once it exits it stays a zombie until `wait`.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while running_process_start(pid).is_some() {
+            assert!(std::time::Instant::now() < deadline, "true never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            process_start(pid).is_some(),
+            "the zombie's pid is still taken"
+        );
+        child.wait().unwrap();
+        assert_eq!(process_start(pid), None);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use bollard::query_parameters::ListContainersOptionsBuilder;
 use bollard::Docker;
 use tokio_util::sync::CancellationToken;
 
-use super::docker::{self, process_start, remove, Removal};
+use super::docker::{self, remove, running_process_start, Removal};
 use super::labels::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
 use super::owner;
 use super::ShimError;
@@ -80,9 +80,10 @@ pub fn doomed(scope: JanitorScope, c: &Seen, alive: impl Fn(u32, Option<u64>) ->
     }
 }
 
-/// Returns true if and only if process `pid` runs and started at `start`.
+/// Returns true if and only if process `pid` runs (a zombie does not) and
+/// started at `start`.
 pub fn shim_alive(pid: u32, start: Option<u64>) -> bool {
-    match (process_start(pid), start) {
+    match (running_process_start(pid), start) {
         (None, _) => false,
         (Some(_), None) => true,
         (Some(s), Some(want)) => s == want,
@@ -491,7 +492,7 @@ mod tests {
     #[test]
     fn reused_pid_is_not_a_live_shim() {
         let me = std::process::id();
-        let start = process_start(me);
+        let start = docker::process_start(me);
         assert!(shim_alive(me, start));
         assert!(!shim_alive(me, start.map(|s| s + 1)));
         assert!(!shim_alive(u32::MAX, None));

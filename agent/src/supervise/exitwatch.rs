@@ -131,12 +131,25 @@ mod tests {
     use super::*;
     use std::process::Command;
     use std::sync::mpsc;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
+
+    /// Spawns `sleep 600` and waits until the child has exec'd (its
+    /// `comm` is `sleep`): between fork and exec it still carries the test
+    /// binary's name, and `start` would rightly refuse it.
+    fn sleep_child() -> std::process::Child {
+        let child = Command::new("sleep").arg("600").spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while comm(child.id()).as_deref() != Some("sleep") {
+            assert!(Instant::now() < deadline, "sleep never exec'd");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child
+    }
 
     #[test]
     fn reports_the_exit_of_a_watched_process_and_nothing_after_a_drop() {
-        let mut a = Command::new("sleep").arg("600").spawn().unwrap();
-        let mut b = Command::new("sleep").arg("600").spawn().unwrap();
+        let mut a = sleep_child();
+        let mut b = sleep_child();
         let (tx, rx) = mpsc::channel();
         let tx2 = tx.clone();
         let w = ExitWatch::start(&[("sleep", a.id()), ("sleep", b.id())], move |n, p| {
@@ -166,7 +179,7 @@ mod tests {
 
     #[test]
     fn refuses_a_pid_that_is_not_the_named_process() {
-        let mut c = Command::new("sleep").arg("600").spawn().unwrap();
+        let mut c = sleep_child();
         let e = ExitWatch::start(&[("raylet", c.id())], |_, _| {}).unwrap_err();
         assert!(e.to_string().contains("no longer raylet"), "{e}");
         c.kill().unwrap();
