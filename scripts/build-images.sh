@@ -38,7 +38,8 @@
 #   nothing is built (FORCE=1 builds anyway). Engine builds of one checkout
 #   run one at a time (a lock in target/engine-build/).
 # Environment: BASE_IMAGE, RAY_VERSION (2.53.0), ARGUS_VERSION (dev),
-# VLLM_VERSION, TORCH_VERSION (CPU flavour, 2.9.1), FORCE, DOCKER_BUILDKIT (0 when the buildx plugin is missing).
+# VLLM_VERSION, TORCH_VERSION (the torch lock: 2.9.1 for the CPU flavour,
+# 2.9.0 for the GPU one, which vLLM 0.11.2 and 0.12.0 pin), FORCE, DOCKER_BUILDKIT (0 when the buildx plugin is missing).
 # Prints the tags it built, one a line, on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +47,6 @@ cd "$(dirname "$0")/.."
 RAY_VERSION=${RAY_VERSION:-2.53.0}
 ARGUS_VERSION=${ARGUS_VERSION:-dev}
 VLLM_VERSION=${VLLM_VERSION:-0.12.0}
-TORCH_VERSION=${TORCH_VERSION:-2.9.1}
 LOCAL_BASE_TAG=argus/ray-base:${RAY_VERSION}-py311
 OFFICIAL_BASE=rayproject/ray:${RAY_VERSION}-py311
 
@@ -139,6 +139,7 @@ if [ $build_engine = 1 ]; then
     log "another engine build of this checkout is under way; waiting for it"
     flock 9
   fi
+  if [ $flavour = cpu ]; then TORCH_VERSION=${TORCH_VERSION:-2.9.1}; else TORCH_VERSION=${TORCH_VERSION:-2.9.0}; fi
   tag=$registry/neutree/engine-vllm:$engine_version-ray$RAY_VERSION
   [ $flavour = gpu ] || tag=$tag-$flavour
   args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "RAY_VERSION=$RAY_VERSION"

