@@ -134,7 +134,9 @@ fn compose_worker_stops_cleanly_on_docker_stop() {
         n.len() == 3
     });
     c.wait_healthy(Duration::from_secs(120));
-    // docker stop a worker: exit 0 in under 10 s, nothing left behind.
+    // docker stop a worker: it drains first (no Serve app here: Ray drains
+    // the node and the agent stops it), then exit 0 within the stop
+    // timeout (a SIGKILL would be 137), nothing left behind.
     let w2 = c.container("worker-2");
     log("fault: docker stop worker-2");
     let t = Instant::now();
@@ -145,11 +147,7 @@ fn compose_worker_stops_cleanly_on_docker_stop() {
         "docker stop worker-2: {:.1}s, exit code {code}",
         took.as_secs_f64()
     ));
-    assert!(
-        took < Duration::from_secs(10),
-        "docker stop took {took:?} (SIGKILL after 10 s?)"
-    );
-    assert_eq!(code, "0", "worker-2 exited {code} on SIGTERM");
+    assert_eq!(code, "0", "worker-2 exited {code} on SIGTERM after {took:?}");
     assert_eq!(inspect(&w2, "{{.State.OOMKilled}}"), "false");
     // No container created on worker-2's behalf (the shim labels them with
     // their owner) may outlive it.

@@ -275,6 +275,11 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_DISABLE_PRESTART", H, Kind::Bool, Value("no"), "skip the hook"),
     var("ARGUS_PRESTART_AS_ROOT", H, Kind::Bool, Value("no"), "run the hook with the agent's rights instead of as ARGUS_RAY_USER"),
     var("ARGUS_STOP_GRACE_S", N, Kind::Seconds { min: 0.1 }, Value("8"), "SIGTERM-to-SIGKILL grace for Ray on stop"),
+    var("ARGUS_DRAIN", N, Kind::Bool, Value("on"), "a worker stopped on purpose (SIGTERM) drains first: Serve's replicas move, the load balancer stops sending, then Ray stops; a second SIGTERM or SIGINT skips it"),
+    var("ARGUS_DRAIN_TIMEOUT_S", N, Kind::Seconds { min: 1.0 }, Value("120"), "bound of a worker's drain; the container's stop timeout must exceed it plus ARGUS_STOP_GRACE_S and 2 s"),
+    var("ARGUS_DRAIN_HELPER", N, Kind::Path, Value("/opt/argus/drain_node.py"), "the program that drains this node in Ray and reports what Serve has left on it (the node image's); run as ARGUS_RAY_USER"),
+    var("ARGUS_LB_AGENT_PORT", N, Kind::Port, Unset("(off)"), "answer the load balancer's agent-check (HAProxy `agent-check`) on this port: `ready`, or `drain` while the node drains (the compose file uses 9479)"),
+    var("ARGUS_SERVE_PORT", N, Kind::Port, Value("8000"), "the port of Ray Serve's HTTP proxy on each node (the node's status says whether its proxy serves)"),
     var("ARGUS_METRICS_PORT", N, Kind::Port, Unset("(off)"), "serve Prometheus metrics on this port, all interfaces (`/metrics`; the node image's compose file uses 9478)"),
     var("ARGUS_METRICS_LINGER_S", N, Kind::Seconds { min: 0.1 }, Value("30"), "with ARGUS_METRICS_PORT: how long a failed preflight keeps serving its metrics before the agent exits"),
     var("ARGUS_RAY_BIN", N, Kind::Program, Value("ray"), "the Ray CLI"),
@@ -863,6 +868,8 @@ pub struct Config {
     /// Ray's other ports, where set (`ARGUS_RAY_*_PORT(S)`).
     pub ray_ports: crate::rayports::RayPorts,
     pub stop_grace: Duration,
+    /// The drain of a worker stopped on purpose (R-SERVE-4).
+    pub drain: DrainConfig,
     /// Serve metrics on this port (`ARGUS_METRICS_PORT`); None: off.
     pub metrics_port: Option<u16>,
     /// How long a failed preflight keeps serving metrics before the exit.
@@ -888,6 +895,17 @@ pub struct Config {
     pub shim: ShimConfig,
     /// The effective values and where each came from.
     pub settings: Vec<Setting>,
+}
+
+/// A worker's drain on SIGTERM (`ARGUS_DRAIN*`, `ARGUS_LB_AGENT_PORT`,
+/// `ARGUS_SERVE_PORT`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainConfig {
+    pub enabled: bool,
+    pub timeout: Duration,
+    pub helper: PathBuf,
+    pub lb_agent_port: Option<u16>,
+    pub serve_port: u16,
 }
 
 /// The external Redis of GCS fault tolerance (`ARGUS_GCS_FT_REDIS`).
@@ -1061,6 +1079,13 @@ impl Config {
         let preflight = PreflightConfig::read(&mut r)?;
         let mut hook = HookConfig::read(&mut r)?;
         let stop_grace = r.seconds("ARGUS_STOP_GRACE_S")?;
+        let drain = DrainConfig {
+            enabled: r.flag("ARGUS_DRAIN")?,
+            timeout: r.seconds("ARGUS_DRAIN_TIMEOUT_S")?,
+            helper: r.path("ARGUS_DRAIN_HELPER", PathBuf::new)?,
+            lb_agent_port: r.opt_port("ARGUS_LB_AGENT_PORT")?,
+            serve_port: r.port("ARGUS_SERVE_PORT")?,
+        };
         let metrics_port = r.opt_port("ARGUS_METRICS_PORT")?;
         let metrics_linger = r.seconds("ARGUS_METRICS_LINGER_S")?;
         let ray_bin = r.value("ARGUS_RAY_BIN")?.unwrap_or_default();
@@ -1117,6 +1142,7 @@ impl Config {
             ray_extra_args,
             ray_ports,
             stop_grace,
+            drain,
             metrics_port,
             metrics_linger,
             ray_bin,

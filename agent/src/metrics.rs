@@ -37,6 +37,7 @@ pub const STATES: &[NodeState] = &[
     NodeState::RayStarting,
     NodeState::Running,
     NodeState::Backoff,
+    NodeState::Draining,
     NodeState::Stopping,
     NodeState::Stopped,
 ];
@@ -100,6 +101,25 @@ pub const REJOIN_REASONS: &[&str] = &["address", "instance", "generation", "zomb
 /// `argus_storage_errors_total`.
 pub const STORAGE_ERROR_KINDS: &[&str] = &["timed_out", "busy", "gone", "io", "malformed"];
 
+/// How a worker's drain ended, as the `result` label of
+/// `argus_drains_total`.
+/// (`skipped`: a second SIGTERM or a SIGINT stopped the node mid-drain.)
+pub const DRAIN_RESULTS: &[&str] = &[
+    "drained",
+    "timed_out",
+    "refused",
+    "failed",
+    "ray_exited",
+    "skipped",
+];
+
+/// The steps of a drain timed by `argus_drain_step_seconds`: the load
+/// balancer told `drain`, and the drain's end (both from its start).
+pub const DRAIN_STEPS: &[&str] = &["lb_told", "done"];
+
+/// The answers of the load balancer's agent-check.
+pub const LB_AGENT_ANSWERS: &[&str] = &["ready", "drain"];
+
 /// The pre-start hook's results, as the `result` label of
 /// `argus_prestart_hook`.
 pub const HOOK_RESULTS: &[&str] = &[
@@ -143,6 +163,16 @@ struct ReasonLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabel {
+    step: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AnswerLabel {
+    answer: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -195,6 +225,10 @@ pub struct Metrics {
     shim_janitor_removed: Counter,
     shim_duration: Family<CommandLabel, Histogram>,
     storage_errors: Family<KindLabel, Counter>,
+    drains: Family<ResultLabel, Counter>,
+    drain_step: Family<StepLabel, FloatGauge>,
+    lb_agent_answers: Family<AnswerLabel, Counter>,
+    serve_proxy_up: Gauge,
     clocks: Mutex<Clocks>,
 }
 
@@ -234,6 +268,10 @@ impl Metrics {
             shim_janitor_removed: Counter::default(),
             shim_duration: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
             storage_errors: Family::default(),
+            drains: Family::default(),
+            drain_step: Family::default(),
+            lb_agent_answers: Family::default(),
+            serve_proxy_up: Gauge::default(),
             clocks: Mutex::new(Clocks {
                 state: NodeState::Starting,
                 state_since: Instant::now(),
@@ -273,6 +311,23 @@ impl Metrics {
         }
         for k in STORAGE_ERROR_KINDS {
             let _ = m.storage_errors.get_or_create(&kind(k));
+        }
+        for r in DRAIN_RESULTS {
+            let _ = m.drains.get_or_create(&ResultLabel {
+                result: r.to_string(),
+            });
+        }
+        for s in DRAIN_STEPS {
+            m.drain_step
+                .get_or_create(&StepLabel {
+                    step: s.to_string(),
+                })
+                .set(f64::NAN);
+        }
+        for a in LB_AGENT_ANSWERS {
+            let _ = m.lb_agent_answers.get_or_create(&AnswerLabel {
+                answer: a.to_string(),
+            });
         }
         for s in STATES {
             let _ = m.node_state.get_or_create(&StateLabel {
@@ -403,6 +458,27 @@ impl Metrics {
             "storage_errors",
             "Shared-storage operations that failed, by kind",
             self.storage_errors.clone(),
+        );
+        r.register(
+            "drains",
+            "Drains of this worker on a stop (R-SERVE-4), by how they ended",
+            self.drains.clone(),
+        );
+        r.register_with_unit(
+            "drain_step",
+            "The last drain: time from its start to each step (NaN: not reached)",
+            Unit::Seconds,
+            self.drain_step.clone(),
+        );
+        r.register(
+            "lb_agent_answers",
+            "Answers to the load balancer's agent-check, by answer",
+            self.lb_agent_answers.clone(),
+        );
+        r.register(
+            "serve_proxy_up",
+            "1 while this worker's Ray Serve proxy answers its health check",
+            self.serve_proxy_up.clone(),
         );
         self
     }
@@ -636,6 +712,43 @@ pub fn preflight(v: &crate::preflight::Verdict) {
             .set(1);
     }
     m.preflight_ok.set(i64::from(v.ok));
+}
+
+/// Records the end of a drain (`result` one of [`DRAIN_RESULTS`]) and the
+/// time from its start to each step (`step` one of [`DRAIN_STEPS`]).
+pub fn drain(result: &'static str, steps: &[(&'static str, Duration)]) {
+    debug_assert!(DRAIN_RESULTS.contains(&result), "{result}");
+    let m = get();
+    m.drains
+        .get_or_create(&ResultLabel {
+            result: result.to_string(),
+        })
+        .inc();
+    for (step, took) in steps {
+        debug_assert!(DRAIN_STEPS.contains(step), "{step}");
+        m.drain_step
+            .get_or_create(&StepLabel {
+                step: step.to_string(),
+            })
+            .set(took.as_secs_f64());
+    }
+}
+
+/// Records an answer of the load balancer's agent-check (one of
+/// [`LB_AGENT_ANSWERS`]).
+pub fn lb_agent_answer(answer: &'static str) {
+    debug_assert!(LB_AGENT_ANSWERS.contains(&answer), "{answer}");
+    get()
+        .lb_agent_answers
+        .get_or_create(&AnswerLabel {
+            answer: answer.to_string(),
+        })
+        .inc();
+}
+
+/// Records whether this node's Serve proxy answers its health check.
+pub fn serve_proxy(up: bool) {
+    get().serve_proxy_up.set(i64::from(up));
 }
 
 /// Records the pre-start hook's result (one of [`HOOK_RESULTS`]).

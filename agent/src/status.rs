@@ -34,6 +34,8 @@ pub enum NodeState {
     Running,
     /// Ray exited; waiting out the restart backoff.
     Backoff,
+    /// Worker: stopped on purpose, draining before Ray stops (R-SERVE-4).
+    Draining,
     Stopping,
     Stopped,
 }
@@ -84,6 +86,11 @@ pub struct Status {
     /// (inotify limits reached; polling alone).
     #[serde(default)]
     pub file_events: String,
+    /// Worker: `serving` while this node's Ray Serve proxy answers its
+    /// health check (the load balancer can send it requests), else
+    /// `not_serving`; absent on a head or before the first check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve_proxy: Option<String>,
     pub updated_at: String,
 }
 
@@ -142,7 +149,7 @@ pub fn health(status: &Status, now: SystemTime) -> Result<(), String> {
         return Err(format!("agent pid {} is gone", status.agent_pid));
     }
     match status.state {
-        NodeState::Running => match status.ray_pid {
+        NodeState::Running | NodeState::Draining => match status.ray_pid {
             Some(pid) if alive(pid) => Ok(()),
             Some(pid) => Err(format!("ray pid {pid} is gone")),
             None => Err("running without a ray pid".into()),

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod fakehead;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_argus-agent");
 
 /// Returns the repository's top folder.

@@ -63,6 +63,8 @@ const WITHDRAW_BOUND: Duration = Duration::from_millis(1000);
 const CRASH_LOOP_AFTER: u32 = 3;
 
 mod actor_reaper;
+mod drain;
+mod drainer;
 mod head;
 mod janitor;
 mod probe;
@@ -76,6 +78,8 @@ use probe::{Probed, Prober, Purpose};
 use ray::RayRun;
 use reader::{ReadResult, RecordReader};
 use worker::WorkerRole;
+
+pub use drainer::DrainGate;
 
 /// Something the loop reacts to.
 #[derive(Debug)]
@@ -96,6 +100,11 @@ pub enum Event {
         name: &'static str,
         pid: u32,
     },
+    /// A report of the drain helper (`drainer.rs`).
+    Drain(drain::Input),
+    /// This node's Serve proxy started or stopped answering its health
+    /// check.
+    ProxyServing(bool),
 }
 
 /// Which head a worker is (or should be) joined to.
@@ -170,6 +179,16 @@ pub struct Node {
     prober: Prober,
     /// Worker: kills what Ray 2.53 leaks after a GCS restart.
     actor_reaper: Option<actor_reaper::ActorReaper>,
+    /// Whether a SIGTERM starts a drain (shared with the signal route).
+    drain_gate: DrainGate,
+    /// The drain under way, once a deferred SIGTERM started it.
+    drain: Option<drain::Drain>,
+    /// When the drain must be looked at again.
+    drain_wake: Option<Instant>,
+    helper: Option<drainer::Helper>,
+    lb_agent: Option<drainer::LbAgent>,
+    /// Worker: this node's Serve proxy answers (None: not checked yet).
+    serve_proxy: Option<bool>,
 }
 
 impl Node {
@@ -222,8 +241,20 @@ impl Node {
             janitor: None,
             prober: Prober::start(tx.clone()),
             actor_reaper: None,
+            drain_gate: DrainGate::default(),
+            drain: None,
+            drain_wake: None,
+            helper: None,
+            lb_agent: None,
+            serve_proxy: None,
             tx,
         }
+    }
+
+    /// Returns the drain gate: the signal route asks it whether a SIGTERM
+    /// starts a drain (see [`DrainGate::defer`]) instead of the stop.
+    pub fn drain_gate(&self) -> DrainGate {
+        self.drain_gate.clone()
     }
 
     /// Adds variables to Ray's environment (e.g. from preflight).
@@ -254,6 +285,7 @@ impl Node {
                 self.cfg.ray_user.clone(),
                 &self.stop,
             ));
+            self.start_serve_watch();
             let path = self.cfg.head_file.clone();
             match RecordReader::start(path, self.cfg.poll, self.cfg.file_events, self.tx.clone()) {
                 Ok(r) => self.reader = Some(r),
@@ -285,8 +317,12 @@ impl Node {
     fn handle(&mut self, ev: Event) {
         match ev {
             Event::Signal(sig @ (Signal::SIGTERM | Signal::SIGINT)) => {
-                info!(?sig, "stop requested");
-                self.stop.request();
+                if self.drain_gate.deferred() && self.drain.is_none() && !self.stop.is_requested() {
+                    self.begin_drain();
+                } else {
+                    info!(?sig, "stop requested");
+                    self.stop.request();
+                }
             }
             Event::Signal(sig) => match &self.ray {
                 Some(r) => {
@@ -305,6 +341,18 @@ impl Node {
             Event::Record(read) => self.on_record(*read),
             Event::FileEvents(state) => self.on_file_events(state),
             Event::DaemonExited { run, name, pid } => self.on_daemon_exit(run, name, pid),
+            Event::Drain(input) => {
+                if let Some(d) = self.drain.as_mut() {
+                    d.on(input, Instant::now());
+                    self.drain_step();
+                }
+            }
+            Event::ProxyServing(up) => {
+                info!(serving = up, "serve proxy on this node");
+                self.serve_proxy = Some(up);
+                crate::metrics::serve_proxy(up);
+                self.write_status();
+            }
             Event::Probed(a) => {
                 self.prober.answered(a.purpose);
                 match a.purpose {
@@ -326,6 +374,9 @@ impl Node {
             // Not HEARTBEAT: an idle worker's record reads (every poll
             // period) carry the rewrite, without a wake-up of its own.
             by(t + status::HEARTBEAT_LATEST);
+        }
+        if let Some(t) = self.drain_wake {
+            by(t);
         }
         if let Some(r) = &self.ray {
             if r.scanned() {
@@ -366,10 +417,20 @@ impl Node {
             self.last_watch = now;
             self.watch_ray();
         }
-        match self.role {
-            RoleState::Head(_) => self.head_tick(),
-            RoleState::Worker(_) => self.worker_tick(),
+        if self.drain.is_some() {
+            // Draining: no role decision (a rejoin, a restart) any more.
+            self.drain_step();
+        } else {
+            match self.role {
+                RoleState::Head(_) => self.head_tick(),
+                RoleState::Worker(_) => self.worker_tick(),
+            }
         }
+        self.drain_gate.arm(
+            self.cfg.drain.enabled
+                && matches!(self.role, RoleState::Worker(_))
+                && self.ray.is_some(),
+        );
         if self
             .last_status
             .is_none_or(|t| t.elapsed() >= status::HEARTBEAT)
@@ -388,6 +449,7 @@ impl Node {
     fn shutdown(mut self) -> i32 {
         let t0 = self.stop.requested_at().unwrap_or_else(Instant::now);
         let budget_end = t0 + STOP_BUDGET;
+        self.skip_drain();
         self.set_state(NodeState::Stopping, "stop requested".into());
         let ray = self.ray.as_mut().map(|r| {
             r.stopping = true;
@@ -525,6 +587,9 @@ impl Node {
                 RoleState::Worker(_) => self.record.as_ref().is_some_and(|r| r.gcs_ft),
             },
             file_events: self.watch_state.to_string(),
+            serve_proxy: self
+                .serve_proxy
+                .map(|up| if up { "serving" } else { "not_serving" }.to_string()),
             updated_at: rfc3339(SystemTime::now()),
         };
         if let Err(e) = status::write(&self.cfg.state_dir, &st) {

@@ -233,8 +233,14 @@ impl Node {
             debug!(run, %exit, "exit of a ray run already handled");
             return;
         };
-        let (pid, ran, on_purpose, daemon_died) =
-            (r.pid, r.started.elapsed(), r.stopping, r.daemon_died);
+        // During a drain Ray's end is the drain's (Ray shuts a drained,
+        // idle node down itself): no restart.
+        let (pid, ran, on_purpose, daemon_died) = (
+            r.pid,
+            r.started.elapsed(),
+            r.stopping || self.drain.is_some(),
+            r.daemon_died,
+        );
         let joined = r.target.clone();
         self.ray = None;
         // Ray's own children may outlive `ray start` (agents, idle workers).
@@ -242,6 +248,10 @@ impl Node {
         let swept = tree::sweep_descendants(&mut self.tree, Duration::from_secs(2));
         if on_purpose {
             info!(pid, %exit, swept, "ray stopped");
+            if let Some(d) = self.drain.as_mut() {
+                d.on(super::drain::Input::RayExited, Instant::now());
+                self.drain_step();
+            }
             return;
         }
         warn!(pid, %exit, ran_s = ran.as_secs_f64(), swept, "ray exited unexpectedly");

@@ -324,6 +324,33 @@ pub async fn whoami(docker: &Docker) -> Result<Option<SelfContainer>, ShimError>
     })
 }
 
+/// Returns the stop timeout of the container this process runs in, in
+/// seconds: `Some(None)` when it has none of its own (Docker's default,
+/// 10 s), `None` when it cannot be told (no container, no daemon).
+pub fn own_stop_timeout_blocking() -> Option<Option<i64>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    rt.block_on(async {
+        let work = async {
+            let docker = connect().await.ok()?;
+            let me = whoami(&docker).await.ok()??;
+            let i = docker
+                .inspect_container(
+                    &me.id,
+                    None::<bollard::query_parameters::InspectContainerOptions>,
+                )
+                .await
+                .ok()?;
+            Some(i.config.and_then(|c| c.stop_timeout))
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(20), work)
+            .await
+            .ok()?
+    })
+}
+
 /// Returns the start time of process `pid` in clock ticks since boot (field
 /// 22 of `/proc/<pid>/stat`), to tell a live shim from a reused pid.
 pub fn process_start(pid: u32) -> Option<u64> {

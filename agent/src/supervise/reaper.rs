@@ -253,6 +253,23 @@ pub fn spawn_with(
     Ok(pid)
 }
 
+/// Like [`spawn_with`], and returns the child's stdout when `cmd` asked
+/// for a pipe there (`Stdio::piped()`): the caller reads it while the
+/// reaper owns the child.
+pub fn spawn_piped(
+    cmd: &mut Command,
+    on_exit: impl FnOnce(Exit) + Send + 'static,
+) -> io::Result<(u32, Option<std::process::ChildStdout>)> {
+    reset_mask(cmd);
+    let mut children = lock(&reaper().children);
+    let mut child = cmd.spawn()?;
+    let pid = child.id();
+    let stdout = child.stdout.take();
+    drop(child);
+    children.insert(pid as i32, Box::new(on_exit));
+    Ok((pid, stdout))
+}
+
 /// How a wait for a child ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Waited {

@@ -1,5 +1,7 @@
 //! `argus-agent` / `argus-agent run`: the node.
 
+use std::time::Duration;
+
 use argus::config::{Config, Group, Reader, Source};
 use argus::node::{Event, Node};
 use argus::preflight::GateError;
@@ -223,6 +225,7 @@ pub fn run(flags: &Flags) -> Outcome {
         source,
     })?;
     info!(socket = %broker.display(), ray_uid = ray.0, "podman calls are brokered by this agent");
+    check_stop_timeout(&cfg, node.drain_gate());
     // Shim variables given as flags reach the shim through Ray's environment.
     node.add_ray_env(
         cfg.settings
@@ -234,13 +237,16 @@ pub fn run(flags: &Flags) -> Outcome {
     // Every signal also waits in the node's queue (forwarded to Ray).
     let events = node.events();
     let on_signal = stop.clone();
+    // A worker's first SIGTERM drains before the stop (R-SERVE-4): the
+    // node requests the stop itself when the drain ends.
+    let gate = node.drain_gate();
     // A stop is delivered once it is requested, even when the node is gone
     // by the time it would be queued: the request may itself have ended the
     // run (a failed preflight's linger) and main is then exiting with its
     // code, which "no receiver: exit 128+signal" must not replace.
     argus::supervise::reaper::route_signals(move |sig| {
         let stop = argus::supervise::reaper::is_stop(sig);
-        if stop {
+        if stop && !gate.defer(sig) {
             on_signal.request();
         }
         events.send(Event::Signal(sig)).is_ok() || stop
@@ -265,6 +271,42 @@ pub fn run(flags: &Flags) -> Outcome {
     }
     node.add_ray_env(outcome.env);
     Ok(node.run().clamp(0, 255) as u8)
+}
+
+/// A worker drains before it stops, within its container's stop timeout:
+/// reads that timeout (from a thread: it asks the Docker daemon), bounds
+/// every drain to what it leaves after Ray's stop grace and the cleanup,
+/// and warns when that is less than ARGUS_DRAIN_TIMEOUT_S (Docker would
+/// kill the node mid-drain, engine containers and all).
+fn check_stop_timeout(cfg: &Config, gate: argus::node::DrainGate) {
+    use argus::config::{DOCKER_STOP_TIMEOUT, STOP_OVERHEAD};
+    if cfg.role != argus::config::Role::Worker || !cfg.drain.enabled {
+        return;
+    }
+    let (wanted, after) = (cfg.drain.timeout, cfg.stop_grace + STOP_OVERHEAD);
+    let _ = std::thread::Builder::new()
+        .name("stop-timeout".into())
+        .spawn(move || {
+            let Some(own) = argus::shim::docker::own_stop_timeout_blocking() else {
+                return;
+            };
+            let have = Duration::from_secs(
+                own.map_or(DOCKER_STOP_TIMEOUT.as_secs(), |s| s.max(0) as u64),
+            );
+            let limit = have.saturating_sub(after);
+            gate.set_limit(limit);
+            if limit < wanted {
+                warn!(
+                    container_stop_timeout_s = have.as_secs(),
+                    drain_s = limit.as_secs_f64(),
+                    "this container's stop timeout leaves {:.0} s of ARGUS_DRAIN_TIMEOUT_S={:.0} after ARGUS_STOP_GRACE_S and 2 s of cleanup: \
+                     drains are cut to that (none under 5 s); raise it to {:.0} s (compose `stop_grace_period`, `docker run --stop-timeout`)",
+                    limit.as_secs_f64(),
+                    wanted.as_secs_f64(),
+                    (wanted + after).as_secs_f64().ceil()
+                );
+            }
+        });
 }
 
 /// Returns the `argus_prestart_hook` result of the hook's outcome.
