@@ -25,7 +25,7 @@ export ARGUS_MODEL_CACHE=${ARGUS_MODEL_CACHE:-/tmp/argus-models}
 mkdir -p "$ARGUS_MODEL_CACHE"
 project=argus-bench
 dc() { "${compose[@]}" -p "$project" -f docker-compose.yaml "$@"; }
-cleanup() { dc down -v -t 10 >/dev/null 2>&1 || true; }
+cleanup() { dc down -v -t 150 >/dev/null 2>&1 || true; }  # -t past a worker's drain
 trap cleanup EXIT
 
 now() { date +%s.%N; }

@@ -27,7 +27,17 @@ outage is in the figures). Each mode's cluster is torn down at the end
 (`down -v --remove-orphans`, plus the engine containers its nodes' shims
 started), also on errors and Ctrl-C.
 
+--roll (issue 28, R-SERVE-4): instead of the faults, POST clients (the
+engine's POST handler takes --post-delay 1.5 s, as an LLM answer does; 4
+replicas) and GET clients in a closed loop with no retries, through these
+phases: steady; docker stop + docker start of worker-1, of worker-2 (each
+drains first) and of the head; a rolling replacement of all three nodes
+(scripts/roll-cluster.sh, to the same image under a new tag); after. Per
+phase: sent, failed by status, POST p50/p99; and each docker stop's
+duration (the drain plus Ray's stop).
+
 Usage: scripts/bench-serve.py [--modes ft,noft] [--faults a,b] [--rate 20]
+         [--roll [--posts 8] [--gets 2] [--post-delay 1.5]]
          [--window 45] [--project argus-bench-serve] [--serve-port 18000]
          [--dashboard-port 18265] [--no-build]
 Images: ARGUS_NODE_IMAGE / ARGUS_REDIS_IMAGE / ARGUS_LB_IMAGE (default
@@ -189,11 +199,11 @@ class Cluster:
         return [rep.get("node_ip") for dep in (app.get("deployments") or {}).values()
                 for rep in dep.get("replicas") or [] if rep.get("state") == "RUNNING"]
 
-    def deploy(self):
+    def deploy(self, config=SERVE_CONFIG):
         """`serve deploy` as the Ray user in the head; it takes a config file, not stdin
         (a `-` would be read as an import path), so the YAML goes to the head's Ray temp dir."""
         path = "/tmp/ray/tmp/bench-serve.yaml"
-        p = self.head_exec(["sh", "-c", f"cat > {path}"], stdin=SERVE_CONFIG)
+        p = self.head_exec(["sh", "-c", f"cat > {path}"], stdin=config)
         if p is not None and p.returncode == 0:
             p = self.head_exec(["serve", "deploy", "-a", "http://127.0.0.1:8265", path], timeout=120)
         if p is None or p.returncode:
@@ -224,7 +234,8 @@ class Cluster:
     def down(self):
         log(f"{self.project}: down -v --remove-orphans")
         self.remember()
-        self.compose("down", "-v", "--remove-orphans", "-t", "15", check=False, timeout=300)
+        # -t past a worker's drain (130 s): a drain cut by a SIGKILL leaves engine containers.
+        self.compose("down", "-v", "--remove-orphans", "-t", "150", check=False, timeout=600)
         # Engine containers the nodes' shims started and did not remove (a node
         # that was killed or removed does not sweep its own).
         for owner in self.node_ids:
@@ -453,6 +464,104 @@ def ensure_engine_image():
     subprocess.run(args, check=True, env=env, stdout=subprocess.DEVNULL, timeout=1800)
 
 
+ROLL_CONFIG = SERVE_CONFIG.replace("        num_replicas: 2\n", "        num_replicas: 4\n        graceful_shutdown_timeout_s: 30\n")
+
+
+class Clients:
+    """Closed-loop clients, as LLM clients are: each sends, waits for the
+    answer, sends the next; no retries. Records (phase, method, t, s, status)."""
+
+    def __init__(self, url, posts, gets, timeout):
+        self.url, self.timeout = url, timeout
+        self.phase = "steady"
+        self.records, self.lock = [], threading.Lock()
+        self.stop_ev = threading.Event()
+        self.threads = [threading.Thread(target=self.loop, args=("POST",), daemon=True) for _ in range(posts)]
+        self.threads += [threading.Thread(target=self.loop, args=("GET",), daemon=True) for _ in range(gets)]
+
+    def loop(self, method):
+        while not self.stop_ev.is_set():
+            phase, t0, status = self.phase, time.time(), 0
+            try:
+                data = b'{"prompt": "hello"}' if method == "POST" else None
+                req = urllib.request.Request(self.url, data=data, method=method,
+                                             headers={"content-type": "application/json"})
+                with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                    r.read()
+                    status = r.status
+            except urllib.error.HTTPError as e:
+                status = e.code
+            except (OSError, http.client.HTTPException):
+                status = 0
+            with self.lock:
+                self.records.append((phase, method, t0, time.time() - t0, status))
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+
+    def stop(self):
+        self.stop_ev.set()
+        for t in self.threads:
+            t.join(self.timeout + 5)
+
+
+def roll_run(c, a):
+    """The --roll phases; prints the figures."""
+    c.deploy(ROLL_CONFIG.replace("      model: stub\n", f"      model: stub\n      post_delay_s: {a.post_delay}\n"))
+    wait(lambda: (c.serve_status() or ("", 0))[1] >= 4, 400, "4 replicas RUNNING", every=2)
+    cl = Clients(f"http://127.0.0.1:{a.serve_port}/", a.posts, a.gets, 120)
+    cl.start()
+    time.sleep(a.lead * 4)  # deliberate: the steady baseline
+    stops = {}
+
+    def back():
+        wait(lambda: (c.nodes() or {}).get("alive") == 3, 600, "3 Ray nodes alive", every=2)
+        wait(lambda: (c.serve_status() or ("", 0))[1] >= 4, 600, "4 replicas RUNNING", every=2)
+
+    for svc in ("worker-1", "worker-2", "head"):
+        cl.phase = f"stop+start {svc}"
+        cid = c.cid(svc)
+        t0 = time.time()
+        run(["docker", "stop", cid], timeout=300)
+        stops[svc] = time.time() - t0
+        log(f"{c.project}: docker stop {svc}: {stops[svc]:.1f} s")
+        run(["docker", "start", cid])
+        back()
+        time.sleep(a.lead)  # deliberate: load on the whole cluster between phases
+    cl.phase = "roll"
+    v = c.env["ARGUS_NODE_IMAGE"]
+    rolled = f"{v}-rolled" if ":" in v else f"{v}:rolled"
+    run(["docker", "tag", v, rolled])
+    t0 = time.time()
+    p = run([os.path.join(ROOT, "scripts/roll-cluster.sh"), "--image", rolled, "--", "-p", c.project, *c.files],
+            timeout=3600, cwd=ROOT, env=c.env)
+    roll_s = time.time() - t0
+    print(p.stdout, end="", flush=True)
+    back()
+    cl.phase = "after"
+    time.sleep(a.lead * 4)  # deliberate: the baseline again
+    cl.stop()
+    print(f"\n## --roll ({'GCS FT' if c.gcs_ft else 'no GCS FT'}, project {c.project}): "
+          f"{a.posts} POST clients ({a.post_delay} s handler), {a.gets} GET clients, no retries")
+    print("| phase | sent | POST | failed (by method and status) | POST p50 | POST p99 |")
+    print("|---|---|---|---|---|---|")
+    order = ["steady"] + [f"stop+start {s}" for s in ("worker-1", "worker-2", "head")] + ["roll", "after"]
+    for ph in order:
+        rs = [r for r in cl.records if r[0] == ph]
+        fails = {}
+        for r in rs:
+            if r[4] != 200:
+                k = f"{r[1]} {r[4] or 'no answer'}"
+                fails[k] = fails.get(k, 0) + 1
+        lat = [r[3] for r in rs if r[1] == "POST" and r[4] == 200]
+        print(f"| {ph} | {len(rs)} | {sum(1 for r in rs if r[1] == 'POST')} | "
+              f"{', '.join(f'{k}: {n}' for k, n in sorted(fails.items())) or '0'} | "
+              f"{pct(lat, 50):.2f} s | {pct(lat, 99):.2f} s |")
+    print("docker stop (drain + Ray's stop): " + ", ".join(f"{k} {v:.1f} s" for k, v in stops.items())
+          + f"; the whole roll {roll_s:.0f} s", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--modes", default="ft,noft", help="ft (GCS FT, the default of cluster-up) and/or noft")
@@ -466,12 +575,18 @@ def main():
     ap.add_argument("--serve-port", type=int, default=18000)
     ap.add_argument("--dashboard-port", type=int, default=18265)
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--roll", action="store_true", help="the drain phases instead of the faults (see above)")
+    ap.add_argument("--posts", type=int, default=8, help="--roll: POST clients")
+    ap.add_argument("--gets", type=int, default=2, help="--roll: GET clients")
+    ap.add_argument("--post-delay", type=float, default=1.5, help="--roll: seconds the POST handler takes")
     a = ap.parse_args()
     faults = [f for f in a.faults.split(",") if f]
     for f in faults:
         if f not in FAULTS:
             ap.error(f"unknown fault {f}")
     modes = [m for m in a.modes.split(",") if m]
+    if a.roll and a.modes == ap.get_default("modes"):
+        modes = ["ft"]  # without GCS FT a head stop ends the app: nothing to roll through
     if set(modes) - {"ft", "noft"}:
         ap.error("--modes takes ft and/or noft")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -483,6 +598,9 @@ def main():
         try:
             c.up(build)
             build = False
+            if a.roll:
+                roll_run(c, a)
+                continue
             c.deploy()
             for f in faults:
                 try:
@@ -491,7 +609,8 @@ def main():
                     print(f"\n## {f} ({'GCS FT' if c.gcs_ft else 'no GCS FT'}): not run: {e}", flush=True)
         finally:
             c.down()
-    table(results)
+    if results:
+        table(results)
 
 
 if __name__ == "__main__":

@@ -128,7 +128,8 @@ class Cluster:
 
     def down(self):
         try:
-            self.run("down", "-v", "--remove-orphans", "-t", "10", check=False)
+            # -t past a worker's drain: a drain cut by SIGKILL leaves its engine containers.
+            self.run("down", "-v", "--remove-orphans", "-t", "150", check=False)
         except Exception as e:  # teardown must go on
             log(f"compose down: {e}")
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -300,10 +301,11 @@ class Soak:
             sh(["docker", "start", c.ids["head"]], check=True)
             return "head: docker kill + start"
         if kind == "worker_restart":
-            sh(["docker", "restart", c.ids[w]], timeout=60, check=True)
+            # A worker drains before it stops (up to ARGUS_DRAIN_TIMEOUT_S, 120 s).
+            sh(["docker", "restart", c.ids[w]], timeout=200, check=True)
             return f"{w}: docker restart"
         if kind == "worker_stop_start":
-            sh(["docker", "stop", c.ids[w]], timeout=60, check=True)
+            sh(["docker", "stop", c.ids[w]], timeout=200, check=True)
             sh(["docker", "start", c.ids[w]], check=True)
             return f"{w}: docker stop + start"
         if kind == "record_garbage":

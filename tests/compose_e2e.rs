@@ -147,7 +147,10 @@ fn compose_worker_stops_cleanly_on_docker_stop() {
         "docker stop worker-2: {:.1}s, exit code {code}",
         took.as_secs_f64()
     ));
-    assert_eq!(code, "0", "worker-2 exited {code} on SIGTERM after {took:?}");
+    assert_eq!(
+        code, "0",
+        "worker-2 exited {code} on SIGTERM after {took:?}"
+    );
     assert_eq!(inspect(&w2, "{{.State.OOMKilled}}"), "false");
     // No container created on worker-2's behalf (the shim labels them with
     // their owner) may outlive it.

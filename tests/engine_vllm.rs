@@ -43,8 +43,8 @@ use std::time::{Duration, Instant};
 mod compose;
 
 use compose::{
-    build_cpu_engine_image, build_images, build_lb_image, free_port, lb_image, log, output,
-    require_docker, run, with_stdin, workspace_root, Cluster,
+    build_cpu_engine_image, build_images, build_lb_image, free_port, log, output, require_docker,
+    run, with_stdin, workspace_root, Cluster,
 };
 use serde_json::{json, Value};
 
@@ -460,12 +460,7 @@ fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_wit
 
     // 2. The cluster with its lb.
     let serve_port = free_port().to_string();
-    let lb = lb_image();
-    let c = Cluster::up(&[
-        ("ARGUS_LB_IMAGE", lb.as_str()),
-        ("ARGUS_SERVE_HOST_PORT", serve_port.as_str()),
-    ]);
-    c.compose_run(&["up", "-d", "--no-build", "lb"]);
+    let c = Cluster::up_with_lb(&serve_port);
 
     // 3. The model in the model cache, and the reference decodes, made in
     // engine image A while the nodes start. Written as this test's user;

@@ -110,6 +110,7 @@ pub const DRAIN_RESULTS: &[&str] = &[
     "refused",
     "failed",
     "ray_exited",
+    "nowhere",
     "skipped",
 ];
 

@@ -18,7 +18,9 @@ The node agent runs it as the Ray user when a worker is stopped on purpose
    the number of Serve actors (replicas and the proxy) alive on this node,
    ``elsewhere`` whether another worker's Serve proxy answers its health
    check (``GET /-/healthz`` on the serve port: 200 only once it routes to a
-   running replica).
+   running replica); ``others`` how many other workers are alive and
+   ``others_draining`` how many of those Ray drains too (``compose down``
+   stops every worker at once: then no replica can move anywhere).
 On a failure it prints ``{"event": "error", "message": "..."}`` and exits 1.
 No driver and no dashboard: GCS calls only (the GCS client Ray's own
 ``ray drain-node`` uses, and one gRPC call for the actors).
@@ -72,8 +74,15 @@ def main():
         import ray
         from ray.core.generated import autoscaler_pb2, gcs_pb2, gcs_service_pb2, gcs_service_pb2_grpc
 
+        from ray._private.state import GlobalState
+        from ray._raylet import GcsClientOptions
+
         gcs = ray._raylet.GcsClient(address=a.gcs)
         nodes = gcs.get_all_node_info(timeout=10)
+        # The GCS's draining nodes, as Serve's (patched) node cache reads them.
+        state = GlobalState()
+        state._initialize_global_state(GcsClientOptions.create(
+            a.gcs, None, allow_cluster_id_nil=True, fetch_cluster_id_if_nil=False))
     except Exception as e:  # noqa: BLE001 - one line for the agent, whatever failed
         emit(event="error", message=f"cannot reach the GCS at {a.gcs}: {type(e).__name__}: {e}")
         return 1
@@ -100,14 +109,16 @@ def main():
     while True:
         try:
             nodes = gcs.get_all_node_info(timeout=10)
-            others = [
-                n.node_manager_address
+            others = {
+                nid.hex(): n.node_manager_address
                 for nid, n in nodes.items()
                 if n.state == gcs_pb2.GcsNodeInfo.ALIVE and nid.hex() != me and not n.is_head_node
-            ]
+            }
+            draining = set(state.get_draining_nodes())
             by_node = serve_actors_by_node(stub, gcs_service_pb2, gcs_pb2)
-            elsewhere = [ip for ip in others if healthz(ip, a.serve_port)]
+            elsewhere = [ip for ip in others.values() if healthz(ip, a.serve_port)]
             emit(event="status", here=by_node.get(me, 0), elsewhere=bool(elsewhere),
+                 others=len(others), others_draining=len(draining & set(others)),
                  serving=elsewhere)
         except Exception as e:  # noqa: BLE001 - the GCS may be restarting; keep reporting
             print(f"drain_node: status failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

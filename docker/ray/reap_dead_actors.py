@@ -21,8 +21,9 @@ gRPC call to the GCS)::
 
     docker exec -u ray -i <node> python - <gcs ip:port> < reap_dead_actors.py
 
-For every actor the GCS lists as DEAD whose worker ran on this node, it
-SIGKILLs the worker if its process is still that worker: the pid has this
+For every actor the GCS lists as DEAD because of a ``ray.kill`` (death
+cause RAY_KILL: the kill the GCS never delivered) whose worker ran on this
+node, it SIGKILLs the worker if its process is still that worker: the pid has this
 session's ``python-core-worker-<worker id>_<pid>.log`` and its title is a
 Ray worker's (``ray::...``). The raylet then sees its worker exit and frees
 its resources; for an engine container the container exits with its
@@ -36,7 +37,13 @@ import signal
 import sys
 
 import grpc
-from ray.core.generated import gcs_pb2, gcs_service_pb2, gcs_service_pb2_grpc
+from ray.core.generated import common_pb2, gcs_pb2, gcs_service_pb2, gcs_service_pb2_grpc
+
+# Only actors DEAD by a ray.kill are reaped: that is the kill the restarted
+# GCS did not deliver (#63763). An actor it holds DEAD for another reason
+# (its node or owner presumed dead while the GCS was down) may still be
+# serving requests on a live node, and killing it would fail them.
+RAY_KILL = common_pb2.ActorDiedErrorContext.RAY_KILL
 
 LOGS = "/tmp/ray/session_latest/logs"
 
@@ -71,6 +78,8 @@ def main():
     killed = []
     actors = dead_actors(address)
     for a in actors:
+        if a.death_cause.actor_died_error_context.reason != RAY_KILL:
+            continue
         worker_id = a.address.worker_id.hex()
         if not a.pid or not worker_id or not still_that_worker(worker_id, a.pid):
             continue

@@ -270,6 +270,18 @@ impl Cluster {
         Cluster::up_with(extra_env, &[])
     }
 
+    /// `up` plus the `lb` service (its image: [`lb_image`]) published on
+    /// the host's `serve_port`; both settings are in the cluster's `env`.
+    pub fn up_with_lb(serve_port: &str) -> Cluster {
+        let lb = lb_image();
+        let c = Cluster::up(&[
+            ("ARGUS_LB_IMAGE", lb.as_str()),
+            ("ARGUS_SERVE_HOST_PORT", serve_port),
+        ]);
+        c.compose_run(&["up", "-d", "--no-build", "lb"]);
+        c
+    }
+
     /// `up` with more of the product's compose files (e.g.
     /// docker-compose.gcs-ft.yaml), given relative to the workspace root.
     pub fn up_with(extra_env: &[(&str, &str)], extra_files: &[&str]) -> Cluster {
@@ -506,7 +518,12 @@ impl Drop for Cluster {
             ));
             return;
         }
-        let _ = output(&mut self.compose_cmd(&["down", "-v", "--remove-orphans", "-t", "10"]));
+        // A stop timeout longer than a worker's drain (the compose file's
+        // 130 s): a drain cut by a SIGKILL would leave the worker's engine
+        // containers behind (the node dies before its janitor runs). All
+        // workers stop at once here, so their drains end early (no worker
+        // can take the replicas): this is a bound, not a wait.
+        let _ = output(&mut self.compose_cmd(&["down", "-v", "--remove-orphans", "-t", "150"]));
         let _ = std::fs::remove_dir_all(&self.tmpdir);
     }
 }

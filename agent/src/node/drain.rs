@@ -19,9 +19,12 @@
 
 use std::time::{Duration, Instant};
 
-/// How long the load balancer needs to see a new server up: HAProxy's
-/// `rise 2` at `inter 1s` (docker/lb/haproxy.cfg), plus a check's time.
-pub const LB_RISE: Duration = Duration::from_millis(2500);
+/// How long another worker's proxy must have answered before the load
+/// balancer is trusted to have it up: HAProxy's `rise 2` at `inter 1s`
+/// (docker/lb/haproxy.cfg), each check up to its 1 s timeout, and a second
+/// of margin. 2.5 s was measured too short: once in a rolling replacement
+/// the lb had no server for a second (503 "No server is available").
+pub const LB_RISE: Duration = Duration::from_secs(5);
 
 /// How long the load balancer needs to see `drain` (its `agent-inter 1s`,
 /// plus the answer's time), when the drain ends without Serve having left
@@ -42,6 +45,10 @@ pub enum Outcome {
     /// Ray ended on its own during the drain (Ray shuts a drained, idle
     /// node down itself).
     RayExited,
+    /// No other worker can take this node's replicas: none is alive, or
+    /// every other one is being drained too (`compose down` stops them all
+    /// at once), so waiting serves no request.
+    Nowhere,
 }
 
 impl Outcome {
@@ -52,6 +59,7 @@ impl Outcome {
         Outcome::Refused,
         Outcome::Failed,
         Outcome::RayExited,
+        Outcome::Nowhere,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -61,6 +69,7 @@ impl Outcome {
             Outcome::Refused => "refused",
             Outcome::Failed => "failed",
             Outcome::RayExited => "ray_exited",
+            Outcome::Nowhere => "nowhere",
         }
     }
 }
@@ -78,6 +87,9 @@ pub enum Input {
         here: u32,
         /// Another worker's Serve proxy answers its health check.
         elsewhere: bool,
+        /// Other workers alive, and how many of them Ray drains too
+        /// (`None`: not reported).
+        others: Option<(u32, u32)>,
     },
     /// The helper failed or ended, and why.
     Failed(String),
@@ -144,8 +156,22 @@ impl Drain {
         match input {
             Input::Accepted => self.accepted = true,
             Input::Refused(why) => self.end(Outcome::Refused, why),
-            Input::Status { here, elsewhere } => {
+            Input::Status {
+                here,
+                elsewhere,
+                others,
+            } => {
                 self.here = Some(here);
+                if let Some((alive, draining)) = others {
+                    if self.accepted && here > 0 && draining >= alive {
+                        self.end(
+                            Outcome::Nowhere,
+                            format!(
+                                "no other worker can take the replicas here ({alive} alive, {draining} of them draining)"
+                            ),
+                        );
+                    }
+                }
                 if !elsewhere {
                     self.elsewhere_since = None;
                 } else if self.elsewhere_since.is_none() {
@@ -228,7 +254,11 @@ mod tests {
     const T: Duration = Duration::from_secs(120);
 
     fn s(here: u32, elsewhere: bool) -> Input {
-        Input::Status { here, elsewhere }
+        Input::Status {
+            here,
+            elsewhere,
+            others: Some((1, 0)),
+        }
     }
 
     #[test]
@@ -319,6 +349,31 @@ mod tests {
         d.on(s(2, true), t0);
         assert_eq!(d.poll(t0), Step::TellLb, "no rise time to wait for");
         assert_eq!(d.poll(t0), Step::Wait(t0 + T));
+    }
+
+    #[test]
+    fn when_no_other_worker_can_take_the_replicas_the_drain_ends() {
+        let t0 = Instant::now();
+        let mut d = Drain::new(t0, T, true);
+        d.on(Input::Accepted, t0);
+        let st = |others| Input::Status {
+            here: 2,
+            elsewhere: false,
+            others,
+        };
+        d.on(st(Some((1, 0))), t0);
+        d.on(st(None), t0);
+        d.on(st(Some((2, 1))), t0);
+        assert_eq!(d.poll(t0), Step::Wait(t0 + T), "one worker can take them");
+        d.on(st(Some((2, 2))), t0);
+        assert_eq!(d.poll(t0), Step::TellLb);
+        assert_eq!(d.poll(t0 + LB_SEE_DRAIN), Step::Finish(Outcome::Nowhere));
+        // None alive at all (the last worker of a `compose down`).
+        let mut d = Drain::new(t0, T, true);
+        d.on(Input::Accepted, t0);
+        d.on(st(Some((0, 0))), t0);
+        assert_eq!(d.poll(t0), Step::TellLb);
+        assert_eq!(d.poll(t0 + LB_SEE_DRAIN), Step::Finish(Outcome::Nowhere));
     }
 
     #[test]

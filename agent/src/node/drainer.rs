@@ -229,6 +229,10 @@ pub fn parse_report(line: &str) -> Option<Input> {
         "status" => Some(Input::Status {
             here: u32::try_from(v["here"].as_u64()?).ok()?,
             elsewhere: v["elsewhere"].as_bool()?,
+            others: match (v["others"].as_u64(), v["others_draining"].as_u64()) {
+                (Some(a), Some(d)) => Some((u32::try_from(a).ok()?, u32::try_from(d).ok()?)),
+                _ => None,
+            },
         }),
         "error" => Some(Input::Failed(message())),
         _ => None,
@@ -399,9 +403,12 @@ impl Node {
                     }
                     crate::metrics::drain(outcome.as_str(), &steps);
                     let why = d.why().unwrap_or("no Serve actor left on this node");
-                    if outcome == super::drain::Outcome::Drained
-                        || outcome == super::drain::Outcome::RayExited
-                    {
+                    if matches!(
+                        outcome,
+                        super::drain::Outcome::Drained
+                            | super::drain::Outcome::RayExited
+                            | super::drain::Outcome::Nowhere
+                    ) {
                         info!(
                             result = outcome.as_str(),
                             took_s = took.as_secs_f64(),
@@ -467,7 +474,18 @@ mod tests {
             parse_report(r#"{"event":"status","here":3,"elsewhere":true}"#),
             Some(Input::Status {
                 here: 3,
-                elsewhere: true
+                elsewhere: true,
+                others: None,
+            })
+        );
+        assert_eq!(
+            parse_report(
+                r#"{"event":"status","here":1,"elsewhere":false,"others":2,"others_draining":1,"serving":[]}"#
+            ),
+            Some(Input::Status {
+                here: 1,
+                elsewhere: false,
+                others: Some((2, 1)),
             })
         );
         assert_eq!(

@@ -338,6 +338,8 @@ impl Node {
                 None => debug!(?sig, "no ray child to forward the signal to"),
             },
             Event::RayExited { run, exit } => self.on_ray_exit(run, exit),
+            // Draining: no role decision (a rejoin, a restart) any more.
+            Event::Record(_) if self.drain.is_some() => {}
             Event::Record(read) => self.on_record(*read),
             Event::FileEvents(state) => self.on_file_events(state),
             Event::DaemonExited { run, name, pid } => self.on_daemon_exit(run, name, pid),
@@ -353,6 +355,7 @@ impl Node {
                 crate::metrics::serve_proxy(up);
                 self.write_status();
             }
+            Event::Probed(a) if self.drain.is_some() => self.prober.answered(a.purpose),
             Event::Probed(a) => {
                 self.prober.answered(a.purpose);
                 match a.purpose {

@@ -10,6 +10,7 @@ request was served from inside this engine image, with the run options of
 the deployment (docker/serve/*.yaml).
 """
 
+import asyncio
 import os
 
 from ray import serve
@@ -39,11 +40,17 @@ def _model_files(path):
 
 @serve.deployment
 class EngineStub:
-    def __init__(self, model: str = "stub", model_path: str = None):
+    def __init__(self, model: str = "stub", model_path: str = None, post_delay_s: float = 0):
         self.model = model
         self.model_path = model_path
+        # A POST takes this long, as an LLM answer does (the drain tests'
+        # requests in flight).
+        self.post_delay_s = float(post_delay_s or 0)
 
     async def __call__(self, request):
+        if request.method == "POST" and self.post_delay_s > 0:
+            await request.body()
+            await asyncio.sleep(self.post_delay_s)
         info = engine_info()
         info["model"] = self.model
         info["model_path"] = self.model_path
@@ -55,8 +62,10 @@ class EngineStub:
 
 def app_builder(args: dict):
     """Returns the Serve application for ``args`` (``{"model": ...,
-    "model_path": ...}``)."""
+    "model_path": ..., "post_delay_s": ...}``)."""
     args = args or {}
     return EngineStub.bind(
-        model=args.get("model", "stub"), model_path=args.get("model_path")
+        model=args.get("model", "stub"),
+        model_path=args.get("model_path"),
+        post_delay_s=args.get("post_delay_s", 0),
     )

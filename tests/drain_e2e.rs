@@ -1,0 +1,377 @@
+//! Nodes taken out on purpose lose no request, a crashed one only the
+//! requests in flight on it (R-SERVE-4, R-SERVE-5), on the README's compose
+//! cluster with its lb, the way users run an endpoint: a Serve application
+//! in an engine image (the stand-in engine, whose POST answers take 1.5 s,
+//! 4 replicas in engine containers), POST and GET clients calling it through
+//! the lb in a loop with no retries (tests/fixtures/serve_load.py). Phases:
+//! - steady: the baseline;
+//! - crash: `docker kill` of a worker, then `docker start`: only requests in
+//!   flight on it may fail, with a status a client can retry (while the
+//!   replicas are spread over both workers: a node holding every replica
+//!   takes the endpoint down with it, drain or not);
+//! - stop+start worker-1, worker-2, worker-1, worker-2: `docker stop` (the
+//!   agent drains: Serve's replicas move to the other worker first), `docker
+//!   start`;
+//! - roll: scripts/roll-cluster.sh replaces both workers with a new image
+//!   tag, one at a time;
+//! - after: the baseline again.
+//!
+//! Every request is counted; the stop, roll and after phases must have 0
+//! failed. Figures (per phase: sent, failed by status, p50, p99; each
+//! drain's duration) are printed.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[path = "support/compose.rs"]
+mod compose;
+
+use compose::{
+    build_images, build_lb_image, engine_image, free_port, inspect, log, node_image, output,
+    require_docker, run, with_stdin, workspace_root, Cluster,
+};
+use serde_json::Value;
+
+const APP: &str = "drain";
+const REPLICAS: u32 = 4;
+const POST_DELAY_S: f64 = 1.5;
+
+fn serve_config(c: &Cluster) -> String {
+    format!(
+        r#"proxy_location: EveryNode
+http_options:
+  host: 0.0.0.0
+  port: 8000
+applications:
+  - name: {APP}
+    route_prefix: /{APP}
+    import_path: serve.vllm.app:app_builder
+    runtime_env:
+      container:
+        image: {image}
+        run_options: ["-v", "{cache}:/models:ro"]
+    args:
+      model: stub
+      model_path: /models
+      post_delay_s: {POST_DELAY_S}
+    deployments:
+      - name: EngineStub
+        num_replicas: {REPLICAS}
+        graceful_shutdown_timeout_s: 30
+        ray_actor_options:
+          num_cpus: 0.1
+          resources:
+            worker_node: 1
+"#,
+        image = engine_image("stub-a"),
+        cache = c.model_cache.display(),
+    )
+}
+
+fn deploy(c: &Cluster) {
+    let out = with_stdin(
+        &[
+            "exec",
+            "-u",
+            "ray",
+            "-i",
+            &c.container("head"),
+            "sh",
+            "-c",
+            "cat > /tmp/ray/tmp/drain.yaml && \
+             timeout 120 serve deploy -a http://127.0.0.1:8265 /tmp/ray/tmp/drain.yaml",
+        ],
+        &serve_config(c),
+    );
+    assert!(
+        out.status.success(),
+        "serve deploy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The load clients' container; removed on drop.
+struct Load(String);
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        let _ = output(Command::new("docker").args(["rm", "-f", &self.0]));
+    }
+}
+
+fn set_phase(work: &Path, phase: &str) {
+    let tmp = work.join("phase.tmp");
+    std::fs::write(&tmp, phase).unwrap();
+    std::fs::rename(&tmp, work.join("phase")).unwrap();
+    log(&format!("phase: {phase}"));
+}
+
+fn progress(work: &Path) -> Value {
+    std::fs::read_to_string(work.join("progress.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// Waits until the clients sent `n` more POSTs (each takes 1.5 s).
+fn wait_answers(work: &Path, n: u64, timeout: Duration) {
+    let total = |v: &Value| v["posts"].as_u64().unwrap_or(0);
+    let from = total(&progress(work));
+    let start = Instant::now();
+    while total(&progress(work)) < from + n {
+        assert!(
+            start.elapsed() < timeout,
+            "the clients answered fewer than {n} requests in {timeout:?}: {}",
+            progress(work)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Waits until Ray sees `n` nodes alive and Serve runs every replica.
+fn wait_whole(c: &Cluster, what: &str) {
+    c.wait_nodes(what, Duration::from_secs(300), |n| n.len() == 3);
+    c.wait_serve_running(&[(APP, REPLICAS)], Duration::from_secs(300));
+}
+
+/// Waits until the lb answers 3 GETs in a row with 200 (Serve's RUNNING
+/// comes before the lb's health checks mark a worker up).
+fn wait_lb_serves(port: &str) {
+    use std::io::{Read, Write};
+    let start = Instant::now();
+    let mut ok = 0;
+    while ok < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the lb did not serve /{APP} within 120 s"
+        );
+        let answered = std::net::TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap()))
+            .and_then(|mut c| {
+                c.set_read_timeout(Some(Duration::from_secs(10)))?;
+                write!(
+                    c,
+                    "GET /{APP} HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n"
+                )?;
+                let mut head = [0u8; 12];
+                c.read_exact(&mut head)?;
+                Ok(&head[9..12] == b"200")
+            })
+            .unwrap_or(false);
+        ok = if answered { ok + 1 } else { 0 };
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    log(&format!(
+        "the lb serves /{APP} after {:.1} s",
+        start.elapsed().as_secs_f64()
+    ));
+}
+
+fn docker_stop(c: &Cluster, svc: &str) -> f64 {
+    let id = c.container(svc);
+    let since = format!("{}", now_epoch() as u64);
+    let t = Instant::now();
+    run(Command::new("docker").args(["stop", &id]));
+    let took = t.elapsed().as_secs_f64();
+    let code = inspect(&id, "{{.State.ExitCode}}");
+    log(&format!("docker stop {svc}: {took:.1} s, exit code {code}"));
+    assert_eq!(code, "0", "{svc} was killed mid-drain (exit {code})");
+    // This stop's lines only (a restarted container keeps its earlier log).
+    let logs = output(Command::new("docker").args(["logs", "--since", &since, &id]));
+    let text =
+        String::from_utf8_lossy(&logs.stdout).to_string() + &String::from_utf8_lossy(&logs.stderr);
+    let done = text
+        .lines()
+        .filter(|l| l.contains("drain done") || l.contains("drain ended early"))
+        .collect::<Vec<_>>();
+    log(&format!("{svc} drain: {done:?}"));
+    assert!(
+        done.iter().any(|l| l.contains("drain done")),
+        "{svc} did not drain:\n{text}"
+    );
+    took
+}
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+#[test]
+fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its_own() {
+    require_docker();
+    build_images(true);
+    build_lb_image();
+    let serve_port = free_port().to_string();
+    let c = Cluster::up_with_lb(&serve_port);
+    c.wait_nodes("three nodes alive", Duration::from_secs(300), |n| {
+        n.len() == 3
+    });
+    deploy(&c);
+    c.wait_serve_running(&[(APP, REPLICAS)], Duration::from_secs(400));
+    wait_lb_serves(&serve_port);
+
+    let work = c.tmpdir.join("drain-load");
+    std::fs::create_dir_all(&work).unwrap();
+    run(Command::new("chmod").args(["0777"]).arg(&work));
+    let fixtures = format!(
+        "{}:/fixtures:ro",
+        workspace_root().join("tests/fixtures").display()
+    );
+    let name = format!("{}-load", c.project);
+    let _load = Load(name.clone());
+    run(Command::new("docker").args([
+        "run",
+        "-d",
+        "--name",
+        &name,
+        "--network",
+        &format!("{}_default", c.project),
+        "-v",
+        &fixtures,
+        "-v",
+        &format!("{}:/work", work.display()),
+        &engine_image("stub-a"),
+        "python",
+        "/fixtures/serve_load.py",
+        "/work",
+        &format!("http://lb:8000/{APP}"),
+    ]));
+    set_phase(&work, "steady");
+    wait_answers(&work, 40, Duration::from_secs(300));
+
+    // A crash first, while the replicas are spread over both workers:
+    // docker kill, then start.
+    set_phase(&work, "crash worker-1");
+    let w1 = c.container("worker-1");
+    let killed_at = now_epoch();
+    run(Command::new("docker").args(["kill", &w1]));
+    wait_answers(&work, 20, Duration::from_secs(120));
+    run(Command::new("docker").args(["start", &w1]));
+    wait_whole(&c, "worker-1 back after the crash");
+    let mut drains = BTreeMap::new();
+    // Twice each: which worker holds the replicas alternates.
+    for (i, w) in ["worker-1", "worker-2", "worker-1", "worker-2"]
+        .into_iter()
+        .enumerate()
+    {
+        set_phase(&work, &format!("stop+start {w} #{}", i / 2 + 1));
+        drains.insert(format!("stop {w} #{}", i / 2 + 1), docker_stop(&c, w));
+        wait_answers(&work, 10, Duration::from_secs(120));
+        run(Command::new("docker").args(["start", &c.container(w)]));
+        wait_whole(&c, &format!("{w} back"));
+        wait_answers(&work, 10, Duration::from_secs(120));
+    }
+
+    // The rolling replacement to a new tag of the node image.
+    let rolled = format!("{}-rolled", node_image());
+    run(Command::new("docker").args(["tag", &node_image(), &rolled]));
+    set_phase(&work, "roll workers");
+    let mut roll = Command::new(workspace_root().join("scripts/roll-cluster.sh"));
+    roll.current_dir(workspace_root())
+        .args(["--image", &rolled, "--services", "worker-1 worker-2", "--"])
+        .args(["-p", &c.project, "-f"])
+        .arg(workspace_root().join("docker-compose.yaml"))
+        .arg("-f")
+        .arg(&c.override_file);
+    for (k, v) in &c.env {
+        if k != "ARGUS_NODE_IMAGE" {
+            roll.env(k, v);
+        }
+    }
+    let t = Instant::now();
+    let out = run(&mut roll);
+    log(&format!(
+        "roll-cluster.sh took {:.1} s:\n{out}",
+        t.elapsed().as_secs_f64()
+    ));
+    for w in ["worker-1", "worker-2"] {
+        let img = inspect(&c.container(w), "{{.Config.Image}}");
+        assert_eq!(img, rolled, "{w} runs {img} after the roll");
+    }
+    wait_whole(&c, "after the roll");
+    wait_answers(&work, 10, Duration::from_secs(120));
+
+    set_phase(&work, "after");
+    wait_answers(&work, 40, Duration::from_secs(300));
+    std::fs::write(work.join("stop"), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !work.join("result.json").exists() {
+        assert!(Instant::now() < deadline, "the load clients did not stop");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let records: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(work.join("result.json")).unwrap()).unwrap();
+
+    // Figures per phase, and the failures.
+    let mut phases: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
+    for r in &records {
+        phases
+            .entry(r[0].as_str().unwrap_or("?").to_string())
+            .or_default()
+            .push(r);
+    }
+    let mut bad = Vec::new();
+    let steady_p99 = percentile(
+        phases
+            .get("steady")
+            .map(|v| {
+                v.iter()
+                    .filter(|r| r[1] == "POST" && r[4] == 200)
+                    .filter_map(|r| r[3].as_f64())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        0.99,
+    );
+    for (phase, rs) in &phases {
+        let mut failed: BTreeMap<String, usize> = BTreeMap::new();
+        for r in rs.iter().filter(|r| r[4] != 200) {
+            *failed.entry(format!("{} {}", r[1], r[4])).or_default() += 1;
+        }
+        let posts: Vec<f64> = rs
+            .iter()
+            .filter(|r| r[1] == "POST" && r[4] == 200)
+            .filter_map(|r| r[3].as_f64())
+            .collect();
+        log(&format!(
+            "{phase}: sent {} ({} POST), failed {failed:?}, POST p50 {:.2} s p99 {:.2} s",
+            rs.len(),
+            rs.iter().filter(|r| r[1] == "POST").count(),
+            percentile(posts.clone(), 0.5),
+            percentile(posts, 0.99)
+        ));
+        for r in rs.iter().filter(|r| r[4] != 200) {
+            // In flight on the killed node: sent before the lb could
+            // notice (2 failed checks, about 2 s) and not answered before
+            // the kill; whatever phase it was sent in.
+            let (start, took) = (r[2].as_f64().unwrap_or(0.0), r[3].as_f64().unwrap_or(0.0));
+            let in_flight_at_crash = start <= killed_at + 2.5
+                && start + took >= killed_at
+                && matches!(r[4].as_i64(), Some(502 | 503 | 0));
+            if !in_flight_at_crash {
+                bad.push(format!("{phase}: {r}"));
+            }
+        }
+    }
+    log(&format!(
+        "drains (docker stop, s): {drains:?}; steady POST p99 {steady_p99:.2} s"
+    ));
+    assert!(
+        bad.is_empty(),
+        "{} failed requests outside what was in flight on the crashed node (the first 40):\n{}",
+        bad.len(),
+        bad.iter().take(40).cloned().collect::<Vec<_>>().join("\n")
+    );
+}
+
+fn now_epoch() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
