@@ -578,3 +578,33 @@ print(json.dumps(ray.get(k.ping.remote(), timeout=60)))
     );
     drop(redis);
 }
+
+/// The dead-actor reaper kills a process only when it is the dead actor's
+/// worker (a live Serve replica may have a dead actor's pid, with that
+/// actor's log in the node's session folder): tests/fixtures/
+/// reaper_identity.py on a real Ray worker tries a planted log, a symlink,
+/// a prefix, another case and another pid, then the right id and pid.
+#[test]
+fn the_dead_actor_reaper_kills_only_the_worker_it_names() {
+    let sb = Sandbox::new();
+    let temp = sb.path().join("ray");
+    std::fs::create_dir_all(&temp).unwrap();
+    let out = Command::new(venv().join("bin/python"))
+        .arg(support::repo().join("tests/fixtures/reaper_identity.py"))
+        .arg(&temp)
+        .env("RAY_USAGE_STATS_ENABLED", "0")
+        .env("HOME", sb.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    let v: Value = serde_json::from_str(last).unwrap_or_else(|e| {
+        panic!(
+            "no JSON from reaper_identity.py ({e}): {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(v["failures"], serde_json::json!([]), "{v}");
+    assert_eq!(v["tried"].as_array().map(Vec::len), Some(7), "{v}");
+    assert!(out.status.success(), "{v}");
+}

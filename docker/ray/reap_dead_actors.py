@@ -23,9 +23,10 @@ gRPC call to the GCS)::
 
 For every actor the GCS lists as DEAD because of a ``ray.kill`` (death
 cause RAY_KILL: the kill the GCS never delivered) whose worker ran on this
-node, it SIGKILLs the worker if its process is still that worker: the pid has this
-session's ``python-core-worker-<worker id>_<pid>.log`` and its title is a
-Ray worker's (``ray::...``). The raylet then sees its worker exit and frees
+node, it SIGKILLs the worker if its process is still that worker: the
+process at that pid holds that worker's own log open
+(``python-core-worker-<worker id>_<pid>.log``; a pid alone, or the log file
+alone, is no proof: see ``is_that_worker``). The raylet then sees its worker exit and frees
 its resources; for an engine container the container exits with its
 process and the podman shim removes it. Prints one JSON line: how many DEAD
 actors it looked at and which pids it killed.
@@ -45,7 +46,6 @@ from ray.core.generated import common_pb2, gcs_pb2, gcs_service_pb2, gcs_service
 # serving requests on a live node, and killing it would fail them.
 RAY_KILL = common_pb2.ActorDiedErrorContext.RAY_KILL
 
-LOGS = "/tmp/ray/session_latest/logs"
 
 
 def dead_actors(address):
@@ -60,17 +60,49 @@ def dead_actors(address):
     return reply.actor_table_data
 
 
-def still_that_worker(worker_id, pid):
+def is_that_worker(worker_id, pid):
     """True if and only if process ``pid`` on this node is Ray worker
-    ``worker_id`` (hex) and still runs as one."""
-    if not os.path.exists(f"{LOGS}/python-core-worker-{worker_id}_{pid}.log"):
-        return False
+    ``worker_id`` (hex) now: the process holds its own core-worker log open,
+    ``python-core-worker-<worker id>_<pid>.log``. The worker id is 28
+    random bytes, so only that worker holds that file. The file merely
+    existing proves nothing: with GCS fault tolerance a node's Ray keeps its
+    session folder (the GCS keeps the session name) across Ray restarts and
+    container re-creations, so the logs of a previous Ray's workers are
+    there, and their pids are reused by the new Ray's workers (a new PID
+    namespace counts from 1 again): a live replica that serves requests can
+    have a dead actor's pid. Unreadable (not ours, gone): False."""
+    want = f"python-core-worker-{worker_id}_{pid}.log"
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            title = f.read().split(b"\0")[0].decode("utf-8", "replace")
+        fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return False
-    return title.startswith("ray::")
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if os.path.basename(target) == want:
+            return True
+    return False
+
+
+def kill_if_that_worker(worker_id, pid):
+    """SIGKILLs ``pid`` if it is worker ``worker_id``; the process is
+    pinned (a pidfd) before the check, so the signal reaches the process
+    that was checked and never one that took its pid since."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        if not is_that_worker(worker_id, pid):
+            return False
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(pidfd)
 
 
 def main():
@@ -81,11 +113,7 @@ def main():
         if a.death_cause.actor_died_error_context.reason != RAY_KILL:
             continue
         worker_id = a.address.worker_id.hex()
-        if not a.pid or not worker_id or not still_that_worker(worker_id, a.pid):
-            continue
-        try:
-            os.kill(a.pid, signal.SIGKILL)
-        except ProcessLookupError:
+        if not a.pid or not worker_id or not kill_if_that_worker(worker_id, a.pid):
             continue
         killed.append(
             {"pid": a.pid, "actor_id": a.actor_id.hex(), "name": a.name,
