@@ -75,6 +75,11 @@ applications:
 """
 
 
+# `docker compose` (v2) where it exists, else Debian's docker-compose (v1).
+COMPOSE = (["docker", "compose"] if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+           else ["docker-compose"])
+
+
 def log(msg):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -114,7 +119,7 @@ class Cluster:
         self.node_ids = set()  # every node container of this project seen, for the engine sweep
 
     def compose(self, *args, timeout=300, check=True):
-        return run(["docker-compose", *self.files, *args], timeout=timeout, check=check, cwd=ROOT, env=self.env)
+        return run([*COMPOSE, *self.files, *args], timeout=timeout, check=check, cwd=ROOT, env=self.env)
 
     def up(self, build):
         cmd = [os.path.join(ROOT, "scripts/cluster-up.sh"), "--gcs-ft" if self.gcs_ft else "--no-gcs-ft"]

@@ -23,6 +23,12 @@
 #    (the worker's status says `serve_proxy: serving`) when one served
 #    before: a replaced worker may hold no replica until the next worker's
 #    drain moves replicas to it, which is what that drain waits for.
+# The head must come back at its address: with GCS fault tolerance the
+# workers then ride its restart through (their Ray, proxies and replicas keep
+# running); at another address they rejoin, which restarts their Ray and
+# loses what their replicas had in flight. Docker gives a recreated
+# container its old address when nothing took it meanwhile; the script says
+# so when it did not.
 # One line per node: "roll: HH:MM:SS SERVICE replaced in Ns (stop Ns, back Ns)".
 # Exits 1 naming the node that did not come back.
 set -euo pipefail
@@ -50,6 +56,7 @@ fi
 say() { printf 'roll: %s %s\n' "$(date +%H:%M:%S)" "$*"; }
 die() { say "error: $*" >&2; exit 1; }
 cid() { "${compose[@]}" ps -q "$1" 2>/dev/null | head -1; }
+addr() { docker inspect --format '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$1" 2>/dev/null || true; }
 status() { docker exec "$1" argus-agent status --json 2>/dev/null || true; }
 field() { python3 -c 'import json,sys; v=json.load(sys.stdin); print(v.get(sys.argv[1]) or "")' "$1" 2>/dev/null || true; }
 
@@ -78,6 +85,7 @@ for svc in $services; do
   old=$(cid "$svc")
   [ -n "$old" ] || die "no container for $svc"
   served_before=$(serving)
+  old_addr=$(addr "$old")
   t0=$(date +%s)
   say "$svc: docker stop (drains first)"
   docker stop "$old" >/dev/null
@@ -85,6 +93,9 @@ for svc in $services; do
   "${compose[@]}" up -d --no-deps --force-recreate "$svc" >/dev/null 2>&1 ||
     die "compose could not recreate $svc"
   new=$(cid "$svc")
+  if [ "$svc" = head ] && [ "$(addr "$new")" != "$old_addr" ]; then
+    say "warning: the head came back at $(addr "$new")instead of ${old_addr}: the workers rejoin it (their Ray restarts)" >&2
+  fi
   deadline=$((t1 + timeout))
   while :; do
     [ "$(date +%s)" -lt "$deadline" ] || die "$svc did not come back within ${timeout}s"

@@ -12,8 +12,11 @@
 //! - stop+start worker-1, worker-2, worker-1, worker-2: `docker stop` (the
 //!   agent drains: Serve's replicas move to the other worker first), `docker
 //!   start`;
-//! - roll: scripts/roll-cluster.sh replaces both workers with a new image
-//!   tag, one at a time;
+//! - stop+start head: `docker stop` + `docker start` of the head (GCS fault
+//!   tolerance: the workers' proxies and replicas ride it through, and the
+//!   actor reaper kills nothing that serves);
+//! - roll: scripts/roll-cluster.sh replaces both workers and then the head
+//!   with a new image tag, one at a time;
 //! - after: the baseline again.
 //!
 //! Every request is counted; the stop, roll and after phases must have 0
@@ -29,8 +32,8 @@ use std::time::{Duration, Instant};
 mod compose;
 
 use compose::{
-    build_images, build_lb_image, engine_image, free_port, inspect, log, node_image, output,
-    require_docker, run, with_stdin, workspace_root, Cluster,
+    build_images, build_lb_image, build_redis_image, engine_image, free_port, inspect, log,
+    node_image, output, require_docker, run, with_stdin, workspace_root, Cluster,
 };
 use serde_json::Value;
 
@@ -168,7 +171,10 @@ fn wait_lb_serves(port: &str) {
     ));
 }
 
-fn docker_stop(c: &Cluster, svc: &str) -> f64 {
+/// `docker stop` of `svc`'s container, which must exit 0 (not killed at
+/// the stop timeout); returns the container id, when the stop began (epoch
+/// seconds, for `docker logs --since`) and how long it took.
+fn stop_cleanly(c: &Cluster, svc: &str) -> (String, String, f64) {
     let id = c.container(svc);
     let since = format!("{}", now_epoch() as u64);
     let t = Instant::now();
@@ -176,7 +182,13 @@ fn docker_stop(c: &Cluster, svc: &str) -> f64 {
     let took = t.elapsed().as_secs_f64();
     let code = inspect(&id, "{{.State.ExitCode}}");
     log(&format!("docker stop {svc}: {took:.1} s, exit code {code}"));
-    assert_eq!(code, "0", "{svc} was killed mid-drain (exit {code})");
+    assert_eq!(code, "0", "{svc} was killed on stop (exit {code})");
+    (id, since, took)
+}
+
+/// [`stop_cleanly`] of a worker, whose agent must have drained.
+fn docker_stop(c: &Cluster, svc: &str) -> f64 {
+    let (id, since, took) = stop_cleanly(c, svc);
     // This stop's lines only (a restarted container keeps its earlier log).
     let logs = output(Command::new("docker").args(["logs", "--since", &since, &id]));
     let text =
@@ -206,8 +218,10 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
     require_docker();
     build_images(true);
     build_lb_image();
+    build_redis_image();
     let serve_port = free_port().to_string();
-    let c = Cluster::up_with_lb(&serve_port);
+    // As the README brings it up: GCS fault tolerance on.
+    let c = Cluster::up_with_lb(&serve_port, &[], &["docker-compose.gcs-ft.yaml"]);
     c.wait_nodes("three nodes alive", Duration::from_secs(300), |n| {
         n.len() == 3
     });
@@ -267,17 +281,30 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
         wait_answers(&work, 10, Duration::from_secs(120));
     }
 
+    // The head: no drain (it holds no replica and is not behind the lb);
+    // with GCS FT the workers ride its restart through.
+    set_phase(&work, "stop+start head");
+    let head_ip = c.ip("head");
+    let (head, _, took) = stop_cleanly(&c, "head");
+    drains.insert("stop head".into(), took);
+    wait_answers(&work, 10, Duration::from_secs(120));
+    run(Command::new("docker").args(["start", &head]));
+    assert_eq!(
+        c.ip("head"),
+        head_ip,
+        "the head came back at another address"
+    );
+    wait_whole(&c, "head back");
+    wait_answers(&work, 20, Duration::from_secs(120));
+
     // The rolling replacement to a new tag of the node image.
     let rolled = format!("{}-rolled", node_image());
     run(Command::new("docker").args(["tag", &node_image(), &rolled]));
-    set_phase(&work, "roll workers");
+    set_phase(&work, "roll");
     let mut roll = Command::new(workspace_root().join("scripts/roll-cluster.sh"));
     roll.current_dir(workspace_root())
-        .args(["--image", &rolled, "--services", "worker-1 worker-2", "--"])
-        .args(["-p", &c.project, "-f"])
-        .arg(workspace_root().join("docker-compose.yaml"))
-        .arg("-f")
-        .arg(&c.override_file);
+        .args(["--image", &rolled, "--"])
+        .args(c.project_args());
     for (k, v) in &c.env {
         if k != "ARGUS_NODE_IMAGE" {
             roll.env(k, v);
@@ -289,7 +316,7 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
         "roll-cluster.sh took {:.1} s:\n{out}",
         t.elapsed().as_secs_f64()
     ));
-    for w in ["worker-1", "worker-2"] {
+    for w in ["worker-1", "worker-2", "head"] {
         let img = inspect(&c.container(w), "{{.Config.Image}}");
         assert_eq!(img, rolled, "{w} runs {img} after the roll");
     }

@@ -31,6 +31,12 @@
 //! own failures during the switch are printed (Serve starts the new replica
 //! before it stops the old one).
 //!
+//! Last, the drain: clients stream chat completions (96 tokens each) from
+//! both endpoints while the worker that runs A's engine is stopped with
+//! `docker stop` and started again. Its agent drains first; every streamed
+//! answer must come whole (finish_reason "length", every token), none may
+//! fail, and some must have been in flight at the stop.
+//!
 //! The clients run in a container of engine image B on the compose network
 //! (the image pins `openai`). Each phase's wall time is printed. Docker
 //! missing is a FAILURE, never a skip. ARGUS_E2E_KEEP=1 leaves the cluster.
@@ -43,8 +49,8 @@ use std::time::{Duration, Instant};
 mod compose;
 
 use compose::{
-    build_cpu_engine_image, build_images, build_lb_image, free_port, log, output, require_docker,
-    run, with_stdin, workspace_root, Cluster,
+    build_cpu_engine_image, build_images, build_lb_image, free_port, inspect, log, output,
+    require_docker, run, with_stdin, workspace_root, Cluster,
 };
 use serde_json::{json, Value};
 
@@ -180,6 +186,18 @@ fn wait_running(c: &Cluster, timeout: Duration) -> Duration {
 /// Runs `python /fixtures/<script> ARGS` in engine image `image` on the
 /// compose network (where `lb` resolves), with the work folder at /work.
 fn client(c: &Cluster, image: &str, work: &Path, detach: Option<&str>, args: &[&str]) -> Output {
+    client_env(c, image, work, detach, &[], args)
+}
+
+/// [`client`] with variables in the client's environment.
+fn client_env(
+    c: &Cluster,
+    image: &str,
+    work: &Path,
+    detach: Option<&str>,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Output {
     let fixtures = format!(
         "{}:/fixtures:ro",
         workspace_root().join("tests/fixtures").display()
@@ -192,6 +210,9 @@ fn client(c: &Cluster, image: &str, work: &Path, detach: Option<&str>, args: &[&
         Some(name) => cmd.args(["-d", "--name", name]),
         None => cmd.arg("--rm"),
     };
+    for (k, v) in env {
+        cmd.args(["-e", &format!("{k}={v}")]);
+    }
     cmd.args([
         "--network",
         &network,
@@ -304,12 +325,13 @@ fn running_engines(image: &str) -> Vec<String> {
     out.lines().map(str::to_string).collect()
 }
 
-/// Waits until the load clients' progress satisfies `ok`; returns it.
-fn wait_progress(work: &Path, what: &str, timeout: Duration, ok: impl Fn(&Value) -> bool) -> Value {
+/// Waits until the progress of the load clients writing to `dir`
+/// satisfies `ok`; returns it.
+fn wait_progress(dir: &Path, what: &str, timeout: Duration, ok: impl Fn(&Value) -> bool) -> Value {
     let start = Instant::now();
     let mut last = Value::Null;
     while start.elapsed() < timeout {
-        if let Ok(s) = std::fs::read_to_string(work.join("load/progress.json")) {
+        if let Ok(s) = std::fs::read_to_string(dir.join("progress.json")) {
             if let Ok(v) = serde_json::from_str::<Value>(&s) {
                 if ok(&v) {
                     log(&format!(
@@ -433,6 +455,27 @@ fn bench_direct(engine: &str, n: &str) -> Value {
 /// The load client container, removed on drop.
 struct Load(String);
 
+/// Stops the load clients writing to `dir` (tests/fixtures/openai_load.py)
+/// and returns their result.json; the container is removed.
+fn stop_load(dir: &Path, load: Load) -> Value {
+    std::fs::write(dir.join("stop"), "").unwrap();
+    let waited = run(docker().args(["wait", &load.0]));
+    let logs = output(docker().args(["logs", &load.0]));
+    drop(load);
+    std::fs::read_to_string(dir.join("result.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no load result in {} (exit {}): {}{}",
+                dir.display(),
+                waited.trim(),
+                text(&logs.stdout),
+                text(&logs.stderr)
+            )
+        })
+}
+
 impl Drop for Load {
     fn drop(&mut self) {
         let _ = output(docker().args(["rm", "-f", &self.0]));
@@ -460,7 +503,18 @@ fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_wit
 
     // 2. The cluster with its lb.
     let serve_port = free_port().to_string();
-    let c = Cluster::up_with_lb(&serve_port);
+    // A drain waits for the replicas' new copies on the other worker: a
+    // vLLM cold start (about a minute here, longer on a loaded box), so the
+    // drain bound and the workers' stop timeout are sized for it
+    // (docs/serve.md "Taking a node out").
+    let c = Cluster::up_with_lb(
+        &serve_port,
+        &[
+            ("ARGUS_DRAIN_TIMEOUT_S", "300"),
+            ("ARGUS_WORKER_STOP_GRACE_PERIOD", "320s"),
+        ],
+        &[],
+    );
 
     // 3. The model in the model cache, and the reference decodes, made in
     // engine image A while the nodes start. Written as this test's user;
@@ -652,7 +706,7 @@ fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_wit
         text(&started.stderr)
     );
     wait_progress(
-        &work,
+        &work.join("load"),
         "both endpoints answer the load",
         Duration::from_secs(300),
         |v| v["a"]["ok"].as_u64() >= Some(3) && v["b"]["ok"].as_u64() >= Some(3),
@@ -661,15 +715,18 @@ fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_wit
     let deploy_at = now_epoch();
     let (first_new_at, upgrade) = phase("upgrade A until it answers from the new image", || {
         deploy(&c, &endpoints_config(&c, NEW, NEW));
-        let before = wait_progress(&work, "A answers from the new image", DEPLOY_TIMEOUT, |v| {
-            v["a"]["engines"][&new_a].as_u64() >= Some(1)
-        });
+        let before = wait_progress(
+            &work.join("load"),
+            "A answers from the new image",
+            DEPLOY_TIMEOUT,
+            |v| v["a"]["engines"][&new_a].as_u64() >= Some(1),
+        );
         let first_new_at = now_epoch();
         let n = before["a"]["engines"][&new_a].as_u64().unwrap_or(0);
         wait_running(&c, DEPLOY_TIMEOUT);
         // A few more answers after Serve calls it done.
         wait_progress(
-            &work,
+            &work.join("load"),
             "A keeps answering from the new image",
             Duration::from_secs(300),
             |v| {
@@ -700,22 +757,11 @@ fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_wit
         first_new_at - started,
     );
     let start_lines = vllm_start_lines(&c);
-    std::fs::write(work.join("load/stop"), "").unwrap();
-    let waited = run(docker().args(["wait", &load_name]));
-    let logs = output(docker().args(["logs", &load_name]));
-    drop(load);
-    let result: Value = std::fs::read_to_string(work.join("load/result.json"))
-        .ok()
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "no load result (exit {}): {}{}",
-                waited.trim(),
-                text(&logs.stdout),
-                text(&logs.stderr)
-            )
-        });
-    log(&format!("load result: {result}"));
+    let result = stop_load(&work.join("load"), load);
+    log(&format!(
+        "load result: a {}, b {}",
+        result["a"], result["b"]
+    ));
     let (a, b) = (&result["a"], &result["b"]);
     assert_eq!(
         b["failed"],
@@ -745,6 +791,9 @@ fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_wit
         2,
         "one engine each for A and B"
     );
+
+    // 7. A worker leaves on purpose while streamed answers are in flight.
+    let drain = drain_under_streams(&c, &img_new, &work, &new_engine);
 
     eprintln!(
         "engine_vllm cold start of A on {NEW}: serve deploy -> container created {:.1} s, \
@@ -793,4 +842,124 @@ fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_wit
         a["engines"][&new_a],
         a["errors"]
     );
+    eprintln!("engine_vllm drain under streamed load: {drain}");
+}
+
+/// `docker stop` of the worker that runs `engine` (endpoint A's engine)
+/// while clients stream chat completions from both endpoints through the
+/// lb, then `docker start`: its agent drains first (Serve starts the
+/// replicas on the other worker, the lb stops sending new requests to this
+/// one, the streams in flight finish), so every streamed answer comes
+/// whole (tests/fixtures/openai_load.py STREAM=1: finish_reason "length"
+/// and every token). Returns the figures.
+fn drain_under_streams(c: &Cluster, image: &str, work: &Path, engine: &str) -> String {
+    let dir = work.join("stream");
+    std::fs::create_dir_all(&dir).unwrap();
+    run(Command::new("chmod").arg("0777").arg(&dir));
+    let owner = inspect(engine, "{{index .Config.Labels \"io.argus.shim.owner\"}}");
+    let worker = ["worker-1", "worker-2"]
+        .into_iter()
+        .find(|w| c.container(w) == owner)
+        .unwrap_or_else(|| panic!("A's engine {engine} belongs to no worker ({owner})"));
+    let name = format!("{}-stream", c.project);
+    let load = Load(name.clone());
+    let started = client_env(
+        c,
+        image,
+        work,
+        Some(&name),
+        &[("STREAM", "1"), ("MAX_TOKENS", "96")],
+        &[
+            "/fixtures/openai_load.py",
+            "/work/stream",
+            MODEL,
+            "a=http://lb:8000/a/v1",
+            "b=http://lb:8000/b/v1",
+        ],
+    );
+    assert!(
+        started.status.success(),
+        "streaming clients did not start: {}",
+        text(&started.stderr)
+    );
+    let ok = |v: &Value, e: &str| v[e]["ok"].as_u64().unwrap_or(0);
+    let before = wait_progress(
+        &dir,
+        "both endpoints stream",
+        Duration::from_secs(300),
+        |v| ok(v, "a") >= 5 && ok(v, "b") >= 5,
+    );
+    let id = c.container(worker);
+    let since = format!("{}", now_epoch() as u64);
+    let stop_at = now_epoch();
+    run(docker().args(["stop", &id]));
+    let stopped_at = now_epoch();
+    let code = inspect(&id, "{{.State.ExitCode}}");
+    let logs = output(docker().args(["logs", "--since", &since, &id]));
+    let agent_log = text(&logs.stdout) + &text(&logs.stderr);
+    let drain_lines: Vec<&str> = agent_log.lines().filter(|l| l.contains("drain")).collect();
+    log(&format!(
+        "docker stop {worker} (A's engine): {:.1} s, exit {code}; {drain_lines:?}",
+        stopped_at - stop_at
+    ));
+    assert_eq!(code, "0", "{worker} was killed mid-drain:\n{agent_log}");
+    assert!(
+        agent_log.lines().any(|l| l.contains("drain done")),
+        "{worker} did not drain:\n{agent_log}"
+    );
+    let after = wait_progress(
+        &dir,
+        "both endpoints stream from the other worker",
+        Duration::from_secs(300),
+        |v| ok(v, "a") >= ok(&before, "a") + 5 && ok(v, "b") >= ok(&before, "b") + 5,
+    );
+    run(docker().args(["start", &id]));
+    c.wait_nodes(&format!("{worker} back"), Duration::from_secs(300), |n| {
+        n.len() == 3
+    });
+    wait_progress(
+        &dir,
+        "streams after the restart",
+        Duration::from_secs(300),
+        |v| ok(v, "a") >= ok(&after, "a") + 3 && ok(v, "b") >= ok(&after, "b") + 3,
+    );
+    let result = stop_load(&dir, load);
+    let (a, b) = (&result["a"], &result["b"]);
+    log(&format!("streaming result: a {a}, b {b}"));
+    for (e, r) in [("A", a), ("B", b)] {
+        assert_eq!(
+            r["failed"],
+            json!(0),
+            "endpoint {e} lost or cut streamed answers while {worker} drained: {r}"
+        );
+    }
+    // Answers that were streaming while the node drained: started before
+    // docker stop returned and ended after it was called.
+    let calls = result["calls"].as_array().cloned().unwrap_or_default();
+    let overlapping = |from: f64, to: f64| {
+        calls
+            .iter()
+            .filter(|k| k[1].as_f64().unwrap_or(0.0) < to && k[2].as_f64().unwrap_or(0.0) > from)
+            .count()
+    };
+    let (during, at_stop) = (
+        overlapping(stop_at, stopped_at),
+        overlapping(stop_at, stop_at),
+    );
+    assert!(
+        at_stop > 0,
+        "no streamed answer was in flight when {worker} was stopped"
+    );
+    format!(
+        "{worker} drained in {:.1} s (docker stop); streamed answers (96 tokens) A {} ok / {} failed \
+         (p50 {:.2} s, max {:.2} s), B {} ok / {} failed; {at_stop} in flight at the stop, \
+         {during} during the drain, all whole",
+        stopped_at - stop_at,
+        a["ok"],
+        a["failed"],
+        a["p50_s"].as_f64().unwrap_or(0.0),
+        a["max_s"].as_f64().unwrap_or(0.0),
+        b["ok"],
+        b["failed"]
+    )
 }

@@ -272,12 +272,18 @@ impl Cluster {
 
     /// `up` plus the `lb` service (its image: [`lb_image`]) published on
     /// the host's `serve_port`; both settings are in the cluster's `env`.
-    pub fn up_with_lb(serve_port: &str) -> Cluster {
+    pub fn up_with_lb(
+        serve_port: &str,
+        extra_env: &[(&str, &str)],
+        extra_files: &[&str],
+    ) -> Cluster {
         let lb = lb_image();
-        let c = Cluster::up(&[
+        let mut env = vec![
             ("ARGUS_LB_IMAGE", lb.as_str()),
             ("ARGUS_SERVE_HOST_PORT", serve_port),
-        ]);
+        ];
+        env.extend_from_slice(extra_env);
+        let c = Cluster::up_with(&env, extra_files);
         c.compose_run(&["up", "-d", "--no-build", "lb"]);
         c
     }
@@ -387,19 +393,28 @@ impl Cluster {
             .any(|f| f.ends_with("docker-compose.monitoring.yaml"))
     }
 
+    /// `-p PROJECT -f FILE ...`: what this cluster was brought up with.
+    pub fn project_args(&self) -> Vec<String> {
+        let mut a = vec!["-p".to_string(), self.project.clone(), "-f".into()];
+        a.push(
+            workspace_root()
+                .join("docker-compose.yaml")
+                .display()
+                .to_string(),
+        );
+        for f in &self.extra_files {
+            a.extend(["-f".to_string(), f.display().to_string()]);
+        }
+        a.extend(["-f".to_string(), self.override_file.display().to_string()]);
+        a
+    }
+
     pub fn compose_cmd(&self, args: &[&str]) -> Command {
-        let root = workspace_root();
         let mut cmd = Command::new(&self.compose[0]);
         cmd.args(&self.compose[1..])
-            .current_dir(&root)
-            .arg("-p")
-            .arg(&self.project)
-            .arg("-f")
-            .arg(root.join("docker-compose.yaml"));
-        for f in &self.extra_files {
-            cmd.arg("-f").arg(f);
-        }
-        cmd.arg("-f").arg(&self.override_file).args(args);
+            .current_dir(workspace_root())
+            .args(self.project_args())
+            .args(args);
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
