@@ -23,22 +23,29 @@ fn stop_with_a_term_ignoring_ray_and_a_running_engine_fits_in_docker_timeout() {
     stop_removes_engines(true);
 }
 
-fn stop_removes_engines(ray_ignores_term: bool) {
+/// A container standing in for the Ray node (the agent's
+/// ARGUS_SHIM_SELF_ID), sleeping `secs`, under a fresh label made from
+/// `name`: (label, container id).
+fn stand_in_node(name: &str, secs: u32) -> (String, String) {
     shim_support::require_docker();
-    let img = shim_support::image();
-    let label = shim_support::unique("node-janitor");
+    let label = shim_support::unique(name);
+    let secs = secs.to_string();
     let o = shim_support::docker(&[
         "run",
         "-d",
         "--label",
         &label,
-        img,
+        shim_support::image(),
         "/bin/tool",
         "sleep",
-        "120",
+        &secs,
     ]);
     assert!(o.status.success(), "{}", shim_support::show(&o));
-    let ray_container = shim_support::stdout(&o).trim().to_string();
+    (label, shim_support::stdout(&o).trim().to_string())
+}
+
+fn stop_removes_engines(ray_ignores_term: bool) {
+    let (label, ray_container) = stand_in_node("node-janitor", 120);
 
     let sb = Sandbox::new();
     let mut env = sb.env("n", "head");
@@ -61,7 +68,7 @@ fn stop_removes_engines(ray_ignores_term: bool) {
             "-d",
             "--label",
             &engine_label,
-            img,
+            shim_support::image(),
             "/bin/tool",
             "sleep",
             "120",
@@ -108,21 +115,7 @@ fn stop_removes_engines(ray_ignores_term: bool) {
 /// only at its first periodic sweep (30 s later).
 #[test]
 fn a_restarted_node_removes_the_engines_its_killed_run_left() {
-    shim_support::require_docker();
-    let img = shim_support::image();
-    let label = shim_support::unique("node-janitor-restart");
-    let o = shim_support::docker(&[
-        "run",
-        "-d",
-        "--label",
-        &label,
-        img,
-        "/bin/tool",
-        "sleep",
-        "300",
-    ]);
-    assert!(o.status.success(), "{}", shim_support::show(&o));
-    let ray_container = shim_support::stdout(&o).trim().to_string();
+    let (label, ray_container) = stand_in_node("node-janitor-restart", 300);
 
     let sb = Sandbox::new();
     let mut env = sb.env("n", "head");
@@ -139,7 +132,7 @@ fn a_restarted_node_removes_the_engines_its_killed_run_left() {
         "run",
         "--label",
         &engine_label,
-        img,
+        shim_support::image(),
         "/bin/tool",
         "sleep",
         "300",

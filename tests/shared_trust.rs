@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
-use argus_discovery::{publish, HeadRecord, HeadState, SCHEMA_VERSION};
+use argus_discovery::{publish, HeadRecord};
 use support::{Agent, Sandbox};
 
 const AGENT: (u32, u32) = (4242, 4243);
@@ -405,24 +405,11 @@ fn in_the_fixed_layout_the_ray_user_can_plant_nothing() {
     a.wait_exit(Duration::from_secs(10));
 }
 
+/// A forged record (instance "forged", holder "attacker").
 fn record(ip: &str, port: u16, generation: u64, seq: u64) -> HeadRecord {
-    let now = SystemTime::now();
     HeadRecord {
-        gcs_ft: false,
-        schema_version: SCHEMA_VERSION,
-        cluster_name: "argus-ray".into(),
-        head_ip: ip.into(),
-        gcs_port: port,
-        dashboard_port: 8265,
-        job_server_url: format!("http://{ip}:8265"),
-        updated_at: argus_discovery::record::rfc3339(now),
-        expires_at: argus_discovery::record::rfc3339(now + Duration::from_secs(3)),
-        instance_id: "forged".into(),
         holder_id: "attacker".into(),
-        generation,
-        seq,
-        state: HeadState::Running,
-        ttl_s: 3.0,
+        ..support::fakehead::record(ip, port, "forged", generation, seq)
     }
 }
 
