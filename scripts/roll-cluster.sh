@@ -56,7 +56,7 @@ fi
 say() { printf 'roll: %s %s\n' "$(date +%H:%M:%S)" "$*"; }
 die() { say "error: $*" >&2; exit 1; }
 cid() { "${compose[@]}" ps -q "$1" 2>/dev/null | head -1; }
-addr() { docker inspect --format '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$1" 2>/dev/null || true; }
+addr() { echo $(docker inspect --format '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$1" 2>/dev/null); }
 status() { docker exec "$1" argus-agent status --json 2>/dev/null || true; }
 field() { python3 -c 'import json,sys; v=json.load(sys.stdin); print(v.get(sys.argv[1]) or "")' "$1" 2>/dev/null || true; }
 
@@ -94,7 +94,7 @@ for svc in $services; do
     die "compose could not recreate $svc"
   new=$(cid "$svc")
   if [ "$svc" = head ] && [ "$(addr "$new")" != "$old_addr" ]; then
-    say "warning: the head came back at $(addr "$new")instead of ${old_addr}: the workers rejoin it (their Ray restarts)" >&2
+    say "warning: the head came back at $(addr "$new") instead of $old_addr: the workers rejoin it (their Ray restarts)" >&2
   fi
   deadline=$((t1 + timeout))
   while :; do
