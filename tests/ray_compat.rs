@@ -289,9 +289,19 @@ fn ray_container_test_cases_pass_on_the_compose_cluster() {
     for case in CASES.iter().filter(|c| wanted(c.name)) {
         for &form in case.forms {
             let t = Instant::now();
-            let r = run_case(&c, case, form);
-            let secs = t.elapsed().as_secs_f64();
             let label = format!("{} ({})", case.name, form.name());
+            let mut r = run_case(&c, case, form);
+            // Ray 2.53's own crash, not the case's: a Ray worker (seen: a
+            // ProxyActor) killed by SIGSEGV in glibc's getenv, racing a
+            // setenv on another thread (ray-project/ray#61034, fixed after
+            // 2.53). Run once more, and say so; any other failure stands.
+            if let Err(e) = &r {
+                if e.contains("SIGSEGV received") && e.contains("getenv") {
+                    eprintln!("--- {label}: a Ray worker crashed in getenv (Ray's setenv race, not the case); once more:\n{e}");
+                    r = run_case(&c, case, form);
+                }
+            }
+            let secs = t.elapsed().as_secs_f64();
             log(&format!(
                 "{label}: {} in {secs:.1}s",
                 if r.is_ok() { "passed" } else { "FAILED" }
