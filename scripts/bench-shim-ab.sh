@@ -5,7 +5,7 @@
 #
 #   scripts/bench-shim-ab.sh A_BINARY B_BINARY [N]   (default 200)
 #
-# Used for the report pipe (agent/src/shim/report.rs): A built from the commit
+# Used for the report pipe (podman/src/report.rs): A built from the commit
 # before it, B after; run it both ways round on a busy machine.
 set -euo pipefail
 A=$1 B=$2 N=${3:-200}

@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use argus::config::VARIABLES;
+use argus_config::VARIABLES;
 use support::FakeNode;
 
 /// A worker (or head) node with a fake ray, no preflight and no hook.

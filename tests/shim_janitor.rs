@@ -1,4 +1,4 @@
-//! The janitor the node agent calls (`argus::shim::janitor`), against the
+//! The janitor the node agent calls (`argus_podman::janitor`), against the
 //! real daemon. The containers get an owner of their own (a running stand-in
 //! for the Ray container), so the node-stop sweep cannot touch the
 //! containers of shim tests running elsewhere. A sweep removes only what
@@ -8,7 +8,7 @@
 
 mod shim_support;
 
-use argus::shim::janitor::{record_in, JanitorScope};
+use argus_podman::janitor::{record_in, JanitorScope};
 use shim_support::*;
 
 /// Runs this file's tests one at a time. A dead-shim sweep removes the
@@ -36,7 +36,7 @@ fn sweep_owner_blocking(
     owner: Option<&str>,
     scope: JanitorScope,
 ) -> Result<usize, String> {
-    argus::shim::janitor::sweep_owner_blocking(addr, state(), owner, scope)
+    argus_podman::janitor::sweep_owner_blocking(addr, state(), owner, scope)
         .map_err(|e| format!("{e:#}"))
 }
 
@@ -75,7 +75,7 @@ fn runtime_and_docker() -> (tokio::runtime::Runtime, bollard::Docker) {
         .build()
         .unwrap();
     let docker = rt
-        .block_on(argus::shim::docker::connect_to(
+        .block_on(argus_podman::docker::connect_to(
             "unix:///var/run/docker.sock",
         ))
         .unwrap();
@@ -144,7 +144,7 @@ fn janitor_removes_dead_shims_containers_then_all_at_node_stop() {
 fn janitor_without_a_docker_socket_returns_zero_at_once() {
     let _serial = serial();
     let t = std::time::Instant::now();
-    let n = argus::shim::janitor::sweep_blocking_at(
+    let n = argus_podman::janitor::sweep_blocking_at(
         "unix:///nonexistent/docker.sock",
         JanitorScope::AllOwned,
     )
@@ -208,7 +208,7 @@ fn a_container_that_inherits_the_owner_label_survives_every_sweep() {
         sweep_owner_blocking("unix:///var/run/docker.sock", Some(&owner), scope).unwrap();
     }
     let (rt, docker) = runtime_and_docker();
-    let by_watchdog = rt.block_on(argus::shim::janitor::sweep_shim(&docker, &owner, dead, 1));
+    let by_watchdog = rt.block_on(argus_podman::janitor::sweep_shim(&docker, &owner, dead, 1));
     let left = containers_with(&label);
     force_remove(&left);
     let _ = docker_rmi(&tag);
@@ -227,7 +227,7 @@ fn docker_rmi(tag: &str) -> std::process::Output {
 #[test]
 fn a_cancelled_sweep_begins_no_removal() {
     let _serial = serial();
-    use argus::shim::janitor::sweep;
+    use argus_podman::janitor::sweep;
     use tokio_util::sync::CancellationToken;
 
     let label = unique("cancelled");
@@ -275,7 +275,7 @@ fn a_cancelled_sweep_begins_no_removal() {
 #[test]
 fn removing_a_container_that_is_being_removed_or_gone_is_success() {
     let _serial = serial();
-    use argus::shim::docker::{is_removal_in_progress, remove};
+    use argus_podman::docker::{is_removal_in_progress, remove};
     use bollard::query_parameters::RemoveContainerOptionsBuilder;
 
     let label = unique("rmrace");
@@ -323,7 +323,7 @@ fn removing_a_container_that_is_being_removed_or_gone_is_success() {
 #[test]
 fn host_nodes_sweep_only_their_own_containers() {
     let _serial = serial();
-    use argus::shim::owner::host_owner;
+    use argus_podman::owner::host_owner;
     let label = unique("hostowner");
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let o = output(
@@ -358,14 +358,14 @@ fn host_nodes_sweep_only_their_own_containers() {
     assert_ne!(owner_a, owner_b);
     let sock = "unix:///var/run/docker.sock";
     for scope in [JanitorScope::AllOwned, JanitorScope::DeadShims] {
-        argus::shim::janitor::sweep_owner_blocking(sock, a.path(), Some(&owner_a), scope).unwrap();
+        argus_podman::janitor::sweep_owner_blocking(sock, a.path(), Some(&owner_a), scope).unwrap();
         assert_eq!(
             containers_with(&label),
             vec![id.clone()],
             "{scope:?} sweep of another host node removed it"
         );
     }
-    let n = argus::shim::janitor::sweep_owner_blocking(
+    let n = argus_podman::janitor::sweep_owner_blocking(
         sock,
         b.path(),
         Some(&owner_b),
@@ -426,7 +426,7 @@ fn a_restarted_nodes_sweep_removes_its_dead_shims_engines_without_the_record() {
     child.wait().unwrap();
     let engine = unrecorded(&label, &owner, Some(dead), false);
     let fresh_state = tempfile::tempdir().unwrap();
-    let n = argus::shim::janitor::sweep_owner_blocking(
+    let n = argus_podman::janitor::sweep_owner_blocking(
         "unix:///var/run/docker.sock",
         fresh_state.path(),
         Some(&owner),

@@ -132,7 +132,7 @@ fn brokered_calls_move_the_shim_metrics_by_exactly_what_they_did() {
     // Recorded as this node's shim would have (its broker records what a
     // handler created): a sweep removes only recorded containers (issue
     // 26, hole 7).
-    argus::shim::janitor::record_in(&state, &dead_id).unwrap();
+    argus_podman::janitor::record_in(&state, &dead_id).unwrap();
 
     // Refused by the policy: no container.
     let o = run(&mut podman(
@@ -224,7 +224,7 @@ fn brokered_calls_move_the_shim_metrics_by_exactly_what_they_did() {
     {
         let cmd = l.split('"').nth(1).unwrap();
         assert!(
-            argus::metrics::SHIM_COMMANDS.contains(&cmd) || cmd == "other",
+            argus_telemetry::metrics::SHIM_COMMANDS.contains(&cmd) || cmd == "other",
             "{l}"
         );
     }

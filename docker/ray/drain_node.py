@@ -2,7 +2,7 @@
 """Drains this Ray node and reports what Ray Serve has left on it.
 
 The node agent runs it as the Ray user when a worker is stopped on purpose
-(SIGTERM: docker stop, compose down; agent/src/node/drainer.rs), as
+(SIGTERM: docker stop, compose down; node/src/drainer.rs), as
 
     /opt/argus/drain_node.py --gcs <gcs ip:port> --node-ip <this node's ip>
         --serve-port 8000 --deadline-s 120

@@ -16,7 +16,7 @@ Fixed upstream after 2.53 (ray-project/ray#63763, PR #63764).
 
 The node image carries it as /opt/argus/reap_dead_actors.py, and a worker
 agent whose Ray rode a head restart through runs it every 30 s as the Ray
-user (agent/src/node/actor_reaper.rs). By hand (no driver, no dashboard: one
+user (node/src/actor_reaper.rs). By hand (no driver, no dashboard: one
 gRPC call to the GCS)::
 
     docker exec -u ray -i <node> python - <gcs ip:port> < reap_dead_actors.py

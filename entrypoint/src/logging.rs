@@ -17,7 +17,7 @@ use std::path::Path;
 
 use argus_discovery::trust;
 
-use argus::config::LogFormat;
+use argus_config::LogFormat;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -199,7 +199,7 @@ pub fn init(
 /// Installs the shim's subscriber: stderr only, no time (Ray's log lines
 /// carry their own), at the filter in `ARGUS_SHIM_LOG` (default `warn`).
 pub fn init_shim() {
-    let filter = std::env::var(argus::shim::LOG_ENV).unwrap_or_else(|_| "warn".into());
+    let filter = std::env::var(argus_podman::LOG_ENV).unwrap_or_else(|_| "warn".into());
     let _ = fmt()
         .with_env_filter(EnvFilter::new(filter))
         .with_writer(std::io::stderr)

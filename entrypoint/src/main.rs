@@ -83,7 +83,7 @@ fn main() -> ExitCode {
     // engine container that shares this PID namespace cannot open its
     // `/proc/<pid>/root` (SPEC R-SEC-4; docs/security.md). The kernel makes
     // every exec'd process dumpable again, so each invocation does it.
-    if let Err(e) = argus::supervise::privs::make_non_dumpable_if_root() {
+    if let Err(e) = argus_supervise::privs::make_non_dumpable_if_root() {
         eprintln!("argus-agent: cannot make this root process non-dumpable: {e}");
         return ExitCode::from(1);
     }
@@ -102,7 +102,7 @@ fn main() -> ExitCode {
     // The agent's side of one podman call (spawned by the node's broker).
     if argv
         .get(1)
-        .is_some_and(|a| a == argus::shim::broker::HANDLER_COMMAND)
+        .is_some_and(|a| a == argus_podman::broker::HANDLER_COMMAND)
     {
         return ExitCode::from(cmd::podman::handle(
             argv.get(2).cloned().unwrap_or_default(),
@@ -128,7 +128,7 @@ fn main() -> ExitCode {
 fn run() -> cmd::Outcome {
     // Signals are blocked before any thread exists (clap and logging create
     // none), so every thread inherits the mask.
-    argus::supervise::reaper::init().map_err(cmd::Error::Signals)?;
+    argus_supervise::reaper::init().map_err(cmd::Error::Signals)?;
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run(Flags::default())) {
         Command::Run(flags) => cmd::run::run(&flags),

@@ -2,7 +2,7 @@
 //! value with where it came from (flag, environment or default), checked
 //! exactly as `run` checks it; exit 78 on a bad value.
 
-use argus::config::{lookup_var, Setting};
+use argus_config::{lookup_var, Setting};
 
 use super::flags::Flags;
 use super::Outcome;

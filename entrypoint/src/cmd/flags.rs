@@ -1,11 +1,11 @@
 //! The flags of `run` and `config`: one per configuration variable, made
-//! from `argus::config::VARIABLES` (so `--help` and the parser cannot drift
+//! from `argus_config::VARIABLES` (so `--help` and the parser cannot drift
 //! from the table). A flag wins over the variable of the environment.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 
-use argus::config::VARIABLES;
+use argus_config::VARIABLES;
 use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 
 /// The configuration given on the command line: variable name -> value.

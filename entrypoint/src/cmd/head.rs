@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use argus::config::{Discovery, Reader};
+use argus_config::{Discovery, Reader};
 use argus_discovery::read_record;
 
 use super::Outcome;

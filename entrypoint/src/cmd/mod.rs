@@ -12,9 +12,9 @@ pub mod status;
 
 use std::path::PathBuf;
 
-use argus::config::ConfigError;
-use argus::hook::HookError;
-use argus::preflight::PreflightFailure;
+use argus_config::ConfigError;
+use argus_node::hook::HookError;
+use argus_node::preflight::PreflightFailure;
 
 /// Exit code for bad configuration (sysexits EX_CONFIG).
 pub const EX_CONFIG: u8 = 78;
@@ -25,7 +25,7 @@ pub enum Error {
     #[error("configuration error: {0}")]
     Config(#[from] ConfigError),
     #[error("configuration error: {0}")]
-    NodeIp(#[from] argus::netinfo::NoNodeIp),
+    NodeIp(#[from] argus_supervise::netinfo::NoNodeIp),
     #[error(transparent)]
     Preflight(#[from] PreflightFailure),
     #[error(transparent)]
@@ -37,9 +37,9 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Status(#[from] argus::status::StatusError),
+    Status(#[from] argus_telemetry::status::StatusError),
     #[error(transparent)]
-    ShimSettings(#[from] argus::shim::settings::SettingsError),
+    ShimSettings(#[from] argus_podman::settings::SettingsError),
     #[error(transparent)]
     Record(#[from] argus_discovery::ReadError),
     #[error("cannot serve metrics on port {port} (ARGUS_METRICS_PORT): {source}; pick a free port or unset it")]

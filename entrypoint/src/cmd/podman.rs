@@ -6,11 +6,11 @@ use std::ffi::OsString;
 /// code (the container's for `run`, 125 for the shim's own failures).
 pub fn run(args: Vec<OsString>) -> u8 {
     crate::logging::init_shim();
-    argus::shim::run(args)
+    argus_podman::run(args)
 }
 
 /// Serves one podman call for the node's broker (`__shim-handler SETTINGS`,
 /// the connection on descriptor 3); returns the call's exit code.
 pub fn handle(settings: OsString) -> u8 {
-    argus::shim::handler::serve(std::path::Path::new(&settings), crate::logging::init_shim)
+    argus_podman::handler::serve(std::path::Path::new(&settings), crate::logging::init_shim)
 }

@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
-use argus::config::{read_state_dir, Logging, PreflightConfig, Reader};
-use argus::preflight::{self, libs, PreflightOptions};
-use argus::supervise::{reaper, Stop};
+use argus_config::{read_state_dir, Logging, PreflightConfig, Reader};
+use argus_node::preflight::{self, libs, PreflightOptions};
+use argus_supervise::{reaper, Stop};
 
 use super::Outcome;
 
@@ -28,8 +28,8 @@ pub fn run(json: bool) -> Outcome {
     let mut r = Reader::new(&flags);
     let shared_root = r.path("ARGUS_SHARED_ROOT", PathBuf::new)?;
     if let Some(v) = r.text("ARGUS_AGENT_USER")? {
-        let id = argus::config::parse_agent_user(&v)
-            .map_err(|why| argus::config::ConfigError::new("ARGUS_AGENT_USER", &v, why))?;
+        let id = argus_config::parse_agent_user(&v)
+            .map_err(|why| argus_config::ConfigError::new("ARGUS_AGENT_USER", &v, why))?;
         argus_discovery::trust::set_agent(id);
     }
     let log = Logging::read(&mut r, &shared_root)?;

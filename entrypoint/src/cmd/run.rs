@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use argus::config::{Config, Group, Reader, Source};
-use argus::node::{Event, Node};
-use argus::preflight::GateError;
-use argus::supervise::Stop;
+use argus_config::{Config, Group, Reader, Source};
+use argus_node::preflight::GateError;
+use argus_node::{Event, Node};
+use argus_supervise::Stop;
 use tracing::{info, warn};
 
 use super::flags::Flags;
@@ -54,8 +54,8 @@ fn check_discovery_paths(cfg: &Config) -> Result<(), Error> {
     let Some(dir) = cfg.head_file.parent().map(|d| d.to_path_buf()) else {
         return Ok(());
     };
-    let create = cfg.role == argus::config::Role::Head;
-    let storage = argus::storage::Storage::start_as(cfg.agent_user);
+    let create = cfg.role == argus_config::Role::Head;
+    let storage = argus_supervise::storage::Storage::start_as(cfg.agent_user);
     let checked = storage.run(
         "check the discovery folder",
         std::time::Duration::from_secs(10),
@@ -87,7 +87,7 @@ fn check_discovery_paths(cfg: &Config) -> Result<(), Error> {
         }
         // The thread could not take the identity (the agent is not root
         // and ARGUS_AGENT_USER is not its own): nothing could be written.
-        Err(e @ argus::storage::StorageError::Gone { .. }) => Err(Error::Untrusted(format!(
+        Err(e @ argus_supervise::storage::StorageError::Gone { .. }) => Err(Error::Untrusted(format!(
             "ARGUS_AGENT_USER {}:{}: cannot write as it ({e}); the agent must be root, or run as that uid:gid",
             cfg.agent_user.uid, cfg.agent_user.gid
         ))),
@@ -123,32 +123,33 @@ pub fn run(flags: &Flags) -> Outcome {
         warn!("{w}");
     }
     // Nothing this agent starts may ptrace it or open its /proc/1/{root,fd,mem}.
-    if let Err(e) = argus::supervise::privs::make_non_dumpable() {
+    if let Err(e) = argus_supervise::privs::make_non_dumpable() {
         warn!(error = %e, "cannot make the agent non-dumpable");
     }
     let (ip, source) = match cfg.node_net {
-        Some(net) => argus::netinfo::detect_in(net)?,
-        None => argus::netinfo::detect(cfg.node_ip)?,
+        Some(net) => argus_supervise::netinfo::detect_in(net)?,
+        None => argus_supervise::netinfo::detect(cfg.node_ip)?,
     };
     info!(node_ip = %ip, strategy = %source, "node ip chosen");
     // Issue 18: a fixed port of this node's Ray that another process holds
     // (with --network host, anything on the host) is one line naming its
     // variable now, not an obscure failure of Ray's later. Exit 78.
-    argus::rayports::check_free(
+    argus_config::rayports::check_free(
         ip,
         &cfg.ray_ports
             .fixed(cfg.role, cfg.ray_port, cfg.dashboard_port),
     )?;
-    argus::metrics::node_started(
+    argus_telemetry::metrics::node_started(
         &cfg.role.to_string(),
         &cfg.cluster_name,
         &ip.to_string(),
         cfg.ttl,
     );
+    argus_telemetry::metrics::shim_refusal_rules(argus_podman_core::policy::REFUSAL_RULES);
     if let Some(port) = cfg.metrics_port {
         let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
-        let bound =
-            argus::metrics::serve(addr).map_err(|source| Error::MetricsPort { port, source })?;
+        let bound = argus_telemetry::metrics::serve(addr)
+            .map_err(|source| Error::MetricsPort { port, source })?;
         info!(address = %bound, "serving metrics at http://{bound}/metrics");
     }
     std::fs::create_dir_all(&cfg.state_dir).map_err(|source| Error::StateDir {
@@ -168,7 +169,7 @@ pub fn run(flags: &Flags) -> Outcome {
     )]);
     // The shim takes its settings from this node, never from the caller's
     // environment (which a job's runtime_env env_vars reach).
-    let mut shim_settings = argus::shim::settings::NodeSettings::from_env(|k| match k {
+    let mut shim_settings = argus_podman::settings::NodeSettings::from_env(|k| match k {
         "ARGUS_STATE_DIR" => Some(cfg.state_dir.display().to_string()),
         "ARGUS_SHARED_ROOT" => Some(cfg.shared_root.display().to_string()),
         k => cfg
@@ -184,14 +185,14 @@ pub fn run(flags: &Flags) -> Outcome {
     let path = shim_settings.write(&cfg.state_dir)?;
     // A host node's owner id is created here, by the agent, not by the
     // first podman call (which may run as a user that cannot write here).
-    if let Err(e) = argus::shim::owner::host_owner(&cfg.state_dir) {
+    if let Err(e) = argus_podman::owner::host_owner(&cfg.state_dir) {
         warn!(error = %e, "cannot create this node's owner id");
     }
     info!(path = %path.display(), "shim settings written");
     // Only this process may reach Docker: Ray's podman calls come here.
-    let me = argus::supervise::privs::current_ids();
+    let me = argus_supervise::privs::current_ids();
     let ray = cfg.ray_user.as_ref().map_or(me, |u| (u.uid, u.gid));
-    for w in argus::shim::broker::socket_warnings(
+    for w in argus_podman::broker::socket_warnings(
         std::env::var("DOCKER_HOST").ok().as_deref(),
         ray.0,
         ray.1,
@@ -204,7 +205,7 @@ pub fn run(flags: &Flags) -> Outcome {
     // user), a warning elsewhere (an agent on a host, in a test's PID
     // namespace, or running Ray as itself, where the host's layout rules).
     if let Some(problem) =
-        argus::shim::broker::socket_folder_problem(std::env::var("DOCKER_HOST").ok().as_deref())
+        argus_podman::broker::socket_folder_problem(std::env::var("DOCKER_HOST").ok().as_deref())
     {
         if std::process::id() == 1 && ray != me && me.0 == 0 {
             return Err(Error::DockerSocket(problem));
@@ -214,14 +215,14 @@ pub fn run(flags: &Flags) -> Outcome {
     if ray == me && me.0 == 0 {
         warn!("Ray runs as root with the agent's rights: set ARGUS_RAY_USER (the node image does) so that no Ray process can open the Docker socket");
     }
-    let broker = argus::shim::broker::start(argus::shim::broker::BrokerConfig {
+    let broker = argus_podman::broker::start(argus_podman::broker::BrokerConfig {
         state_dir: cfg.state_dir.clone(),
         settings: path,
         allowed_uids: vec![me.0, ray.0],
         owner: (ray != me && me.0 == 0).then_some(ray),
     })
     .map_err(|source| Error::StateDir {
-        path: cfg.state_dir.join(argus::shim::client::SOCKET),
+        path: cfg.state_dir.join(argus_podman::client::SOCKET),
         source,
     })?;
     info!(socket = %broker.display(), ray_uid = ray.0, "podman calls are brokered by this agent");
@@ -244,14 +245,14 @@ pub fn run(flags: &Flags) -> Outcome {
     // by the time it would be queued: the request may itself have ended the
     // run (a failed preflight's linger) and main is then exiting with its
     // code, which "no receiver: exit 128+signal" must not replace.
-    argus::supervise::reaper::route_signals(move |sig| {
-        let stop = argus::supervise::reaper::is_stop(sig);
+    argus_supervise::reaper::route_signals(move |sig| {
+        let stop = argus_supervise::reaper::is_stop(sig);
         if stop && !gate.defer(sig) {
             on_signal.request();
         }
         events.send(Event::Signal(sig)).is_ok() || stop
     });
-    let outcome = match argus::preflight::gate(&cfg, &stop) {
+    let outcome = match argus_node::preflight::gate(&cfg, &stop) {
         Ok(o) => o,
         Err(GateError::Stopped(_)) => return Ok(stopped("the gpu preflight")),
         Err(GateError::Failed(e)) => {
@@ -259,11 +260,13 @@ pub fn run(flags: &Flags) -> Outcome {
             return Err(e.into());
         }
     };
-    let hook = argus::hook::run_prestart(&cfg.hook, &stop);
-    argus::metrics::hook(hook_result(&cfg.hook, &hook));
+    let hook = argus_node::hook::run_prestart(&cfg.hook, &stop);
+    argus_telemetry::metrics::hook(hook_result(&cfg.hook, &hook));
     match hook {
         Ok(()) => {}
-        Err(argus::hook::HookError::Stopped { .. }) => return Ok(stopped("the prestart hook")),
+        Err(argus_node::hook::HookError::Stopped { .. }) => {
+            return Ok(stopped("the prestart hook"))
+        }
         Err(e) => return Err(e.into()),
     }
     if stop.is_requested() {
@@ -278,16 +281,16 @@ pub fn run(flags: &Flags) -> Outcome {
 /// every drain to what it leaves after Ray's stop grace and the cleanup,
 /// and warns when that is less than ARGUS_DRAIN_TIMEOUT_S (Docker would
 /// kill the node mid-drain, engine containers and all).
-fn check_stop_timeout(cfg: &Config, gate: argus::node::DrainGate) {
-    use argus::config::{DOCKER_STOP_TIMEOUT, STOP_OVERHEAD};
-    if cfg.role != argus::config::Role::Worker || !cfg.drain.enabled {
+fn check_stop_timeout(cfg: &Config, gate: argus_node::DrainGate) {
+    use argus_config::{DOCKER_STOP_TIMEOUT, STOP_OVERHEAD};
+    if cfg.role != argus_config::Role::Worker || !cfg.drain.enabled {
         return;
     }
     let (wanted, after) = (cfg.drain.timeout, cfg.stop_grace + STOP_OVERHEAD);
     let _ = std::thread::Builder::new()
         .name("stop-timeout".into())
         .spawn(move || {
-            let Some(own) = argus::shim::docker::own_stop_timeout_blocking() else {
+            let Some(own) = argus_podman::docker::own_stop_timeout_blocking() else {
                 return;
             };
             let have = Duration::from_secs(
@@ -311,10 +314,10 @@ fn check_stop_timeout(cfg: &Config, gate: argus::node::DrainGate) {
 
 /// Returns the `argus_prestart_hook` result of the hook's outcome.
 fn hook_result(
-    cfg: &argus::config::HookConfig,
-    r: &Result<(), argus::hook::HookError>,
+    cfg: &argus_config::HookConfig,
+    r: &Result<(), argus_node::hook::HookError>,
 ) -> &'static str {
-    use argus::hook::HookError;
+    use argus_node::hook::HookError;
     match r {
         Ok(()) if cfg.disabled => "disabled",
         Ok(()) if !cfg.path.exists() => "absent",

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use argus::config::{read_state_dir, ConfigError, Reader};
-use argus::status;
+use argus_config::{read_state_dir, ConfigError, Reader};
+use argus_telemetry::status;
 
 use super::Outcome;
 
@@ -72,7 +72,7 @@ pub fn run(json: bool) -> Outcome {
 /// Exit 1 when neither answers.
 pub fn metrics(catalogue: bool) -> Outcome {
     if catalogue {
-        for d in argus::metrics::catalogue() {
+        for d in argus_telemetry::metrics::catalogue() {
             println!("{} {} {}", d.name, d.kind, d.help);
         }
         return Ok(0);
@@ -91,7 +91,7 @@ pub fn metrics(catalogue: bool) -> Outcome {
             ),
         }
     }
-    let path = argus::metrics::snapshot_path(&state_dir()?);
+    let path = argus_telemetry::metrics::snapshot_path(&state_dir()?);
     match std::fs::read_to_string(&path) {
         Ok(text) => {
             print!("{text}");

@@ -1,0 +1,102 @@
+//! The node's one container-janitor thread (R-SHIM-4): every 30 s it
+//! removes engine containers whose shim died; when the stop handle fires
+//! it removes every container this node owns, while Ray is being stopped.
+//!
+//! One thread, fed by a channel: a sweep that hangs on the Docker daemon
+//! delays the next one instead of piling up threads.
+
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use argus_podman::janitor::{self, JanitorScope};
+use argus_supervise::Stop;
+
+/// How often dead shims' containers are swept.
+const EVERY: Duration = Duration::from_secs(30);
+
+type Outcome = Result<usize, String>;
+
+/// A handle to the janitor thread.
+pub(super) struct Janitor {
+    /// The outcome of the removal at stop.
+    removed: Option<Receiver<Outcome>>,
+}
+
+impl Janitor {
+    /// Starts the thread; it sweeps dead shims' containers at once (those
+    /// a previous run of this node left when it was killed: their shims
+    /// died with it) and then every 30 s. When
+    /// `stop` is requested it removes every container this node owns at
+    /// once, while the node stops Ray, and ends.
+    pub(super) fn start(stop: &Stop) -> Self {
+        let (wake, woken) = mpsc::channel::<()>();
+        let (done, removed) = mpsc::sync_channel(1);
+        // Cuts a periodic sweep short at the stop, so that the removal of
+        // everything owned starts at once.
+        let cut = CancellationToken::new();
+        let cut_short = cut.clone();
+        let spawned = std::thread::Builder::new()
+            .name("janitor".into())
+            .spawn(move || run(woken, done, cut));
+        match spawned {
+            Ok(_) => {
+                stop.on_request(move || {
+                    cut_short.cancel();
+                    let _ = wake.send(());
+                });
+                Self {
+                    removed: Some(removed),
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot start the container janitor");
+                Self { removed: None }
+            }
+        }
+    }
+
+    /// Waits at most `timeout` for the removal at stop; returns false if
+    /// and only if it was not confirmed in time.
+    pub(super) fn wait_removed(&self, timeout: Duration) -> bool {
+        self.removed
+            .as_ref()
+            .is_none_or(|rx| rx.recv_timeout(timeout).is_ok())
+    }
+}
+
+/// The thread: a sweep of dead shims every [`EVERY`] until the stop (a
+/// message on `woken`), then one removal of everything owned.
+fn run(woken: Receiver<()>, done: SyncSender<Outcome>, cut: CancellationToken) {
+    let _ = sweep(JanitorScope::DeadShims, &cut);
+    loop {
+        match woken.recv_timeout(EVERY) {
+            Ok(()) => {
+                let all = sweep(JanitorScope::AllOwned, &CancellationToken::new());
+                let _ = done.try_send(all);
+                return;
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                let _ = sweep(JanitorScope::DeadShims, &cut);
+            }
+            // The stop handle is gone without a stop: nothing to remove.
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+fn sweep(scope: JanitorScope, cut: &CancellationToken) -> Outcome {
+    match janitor::sweep_blocking(scope, cut) {
+        Ok(0) => Ok(0),
+        Ok(n) => {
+            info!(removed = n, ?scope, "removed engine containers");
+            Ok(n)
+        }
+        Err(e) => {
+            let e = format!("{e:#}");
+            warn!(error = %e, ?scope, "container janitor failed");
+            Err(e)
+        }
+    }
+}

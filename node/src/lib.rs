@@ -1,0 +1,618 @@
+//! The node: one event loop that supervises `ray start --block` for either
+//! role, publishes (head) or follows (worker) the discovery record, and
+//! stops cleanly on request.
+//!
+//! Events (signals from the signal thread, Ray's exit from the reaper,
+//! file-change hints from inotify, probe answers from the probe thread)
+//! arrive on one channel; everything else is driven by deadlines. The loop
+//! sleeps until the earliest deadline or the next event, not on a fixed
+//! tick: an idle worker wakes for its record reads (`reader.rs`) and the
+//! status heartbeat, and nothing busy-loops or sleeps blindly.
+//!
+//! Nothing on the loop waits long: the worker's record reads run on the
+//! reader thread (`reader.rs`), the head's storage I/O on the storage
+//! thread with a bound (`storage.rs`), connection probes on the probe
+//! thread (`probe.rs`), container removal on the janitor thread, and Ray's
+//! daemons are awaited by pidfd (`supervise/exitwatch.rs`). A stop
+//! request reaches all of them through one [`Stop`] handle.
+//!
+//! `ray.rs` owns the Ray run (start, stop, wait) and knows no role;
+//! `head.rs` and `worker.rs` hold each role's state and decisions.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::time::{Duration, Instant, SystemTime};
+
+use argus_discovery::record::rfc3339;
+use argus_discovery::{HeadRecord, Lease};
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tracing::{debug, error, info, warn};
+
+use argus_config::{Config, Role};
+use argus_supervise::backoff::Backoff;
+use argus_supervise::netinfo::IpSource;
+use argus_supervise::reaper::Exit;
+use argus_supervise::storage::{Storage, StorageError};
+use argus_supervise::tree::{self, ProcTree};
+use argus_supervise::Stop;
+use argus_telemetry::status::{self, NodeState, Status};
+
+/// The longest the loop sleeps when no deadline is nearer (a safety net:
+/// every wait has its own deadline, and the status heartbeat comes first).
+const IDLE_WAKE: Duration = Duration::from_secs(30);
+/// How often the process tree is scanned for the raylet and GCS.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+/// How often a waiting node repeats why it waits.
+const WAIT_LOG_EVERY: Duration = Duration::from_secs(30);
+/// How long the head waits for its raylet before publishing anyway.
+const HEAD_RAYLET_WAIT: Duration = Duration::from_secs(60);
+/// The whole stop (Ray, its group, engine containers, the withdraw) ends
+/// within this long of SIGTERM: inside `docker stop`'s default 10 s.
+const STOP_BUDGET: Duration = Duration::from_millis(9500);
+/// What the stop keeps after Ray's grace for the SIGKILL and the sweep.
+const STOP_RESERVE: Duration = Duration::from_millis(800);
+/// Bound of one shared-storage operation on the event loop.
+pub(crate) const STORAGE_BOUND: Duration = Duration::from_secs(1);
+/// Bound of the withdraw at stop.
+const WITHDRAW_BOUND: Duration = Duration::from_millis(1000);
+/// Consecutive failures from which a crash loop is reported.
+const CRASH_LOOP_AFTER: u32 = 3;
+
+mod actor_reaper;
+mod drain;
+mod drainer;
+mod head;
+pub mod hook;
+mod janitor;
+pub mod preflight;
+mod probe;
+mod ray;
+mod reader;
+mod worker;
+
+use head::HeadRole;
+use janitor::Janitor;
+use probe::{Probed, Prober, Purpose};
+use ray::RayRun;
+use reader::{ReadResult, RecordReader};
+use worker::WorkerRole;
+
+pub use drainer::DrainGate;
+
+/// Something the loop reacts to.
+#[derive(Debug)]
+pub enum Event {
+    Signal(Signal),
+    RayExited {
+        run: u64,
+        exit: Exit,
+    },
+    /// A read of the head record by the worker's reader thread.
+    Record(Box<ReadResult>),
+    Probed(Probed),
+    /// What file events the worker's reader uses (set up once).
+    FileEvents(argus_supervise::watch::WatchState),
+    /// A Ray daemon watched by pidfd exited (see `ray.rs`).
+    DaemonExited {
+        run: u64,
+        name: &'static str,
+        pid: u32,
+    },
+    /// A report of the drain helper (`drainer.rs`).
+    Drain(drain::Input),
+    /// This node's Serve proxy started or stopped answering its health
+    /// check.
+    ProxyServing(bool),
+}
+
+/// Which head a worker is (or should be) joined to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Target {
+    pub(crate) generation: u64,
+    pub(crate) instance_id: String,
+    pub(crate) address: String,
+    /// The head runs with GCS fault tolerance (R-WRK-7).
+    pub(crate) gcs_ft: bool,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (instance {}, generation {})",
+            self.address, self.instance_id, self.generation
+        )
+    }
+}
+
+enum RoleState {
+    Head(Box<HeadRole>),
+    Worker(Box<WorkerRole>),
+}
+
+/// The node agent's state.
+pub struct Node {
+    cfg: Config,
+    ip: IpAddr,
+    ip_source: IpSource,
+    holder_id: String,
+    extra_env: Vec<(String, String)>,
+    tx: Sender<Event>,
+    rx: Receiver<Event>,
+    pending: VecDeque<Event>,
+    ray: Option<RayRun>,
+    runs: u64,
+    backoff: Backoff,
+    /// Ray may be (re)started from this instant.
+    start_after: Instant,
+    restarts: u64,
+    last_exit: Option<String>,
+    tree: ProcTree,
+    last_watch: Instant,
+    rng: StdRng,
+    state: NodeState,
+    reason: String,
+    state_since: SystemTime,
+    last_status: Option<Instant>,
+    last_wait_log: Option<Instant>,
+    /// The stop request (SIGTERM/SIGINT), shared with everything that can
+    /// take long.
+    stop: Stop,
+    /// The loop sleeps until this instant unless an event comes first.
+    wake_at: Instant,
+    lease: Lease,
+    record: Option<HeadRecord>,
+    record_error: Option<String>,
+    next_poll: Instant,
+    watch_state: argus_supervise::watch::WatchState,
+    /// Worker: reads the record on its own thread.
+    reader: Option<RecordReader>,
+    role: RoleState,
+    /// Shared-storage I/O runs here, never on the loop itself.
+    storage: Storage,
+    /// The last storage failure was logged (once per outage).
+    storage_hung_logged: bool,
+    janitor: Option<Janitor>,
+    /// Connection probes run here, never on the loop itself.
+    prober: Prober,
+    /// Worker: kills what Ray 2.53 leaks after a GCS restart.
+    actor_reaper: Option<actor_reaper::ActorReaper>,
+    /// Whether a SIGTERM starts a drain (shared with the signal route).
+    drain_gate: DrainGate,
+    /// The drain under way, once a deferred SIGTERM started it.
+    drain: Option<drain::Drain>,
+    /// When the drain must be looked at again.
+    drain_wake: Option<Instant>,
+    helper: Option<drainer::Helper>,
+    lb_agent: Option<drainer::LbAgent>,
+    /// Worker: this node's Serve proxy answers (None: not checked yet).
+    serve_proxy: Option<bool>,
+}
+
+impl Node {
+    /// Creates the node; `stop` is the run's stop handle (the signal route
+    /// requests it and sends the signal as an [`Event`] too).
+    pub fn new(cfg: Config, ip: IpAddr, ip_source: IpSource, stop: Stop) -> Self {
+        let (tx, rx) = mpsc::channel();
+        let host = hostname::get()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "unknown".into());
+        let holder_id = format!("{host}/{}/{}", std::process::id(), short_id());
+        let now = Instant::now();
+        let role = match cfg.role {
+            Role::Head => RoleState::Head(Box::default()),
+            Role::Worker => RoleState::Worker(Box::default()),
+        };
+        Self {
+            backoff: Backoff::new(cfg.backoff_min, cfg.backoff_max, cfg.stable_run),
+            cfg,
+            ip,
+            ip_source,
+            holder_id,
+            extra_env: Vec::new(),
+            rx,
+            pending: VecDeque::new(),
+            ray: None,
+            runs: 0,
+            start_after: now,
+            restarts: 0,
+            last_exit: None,
+            tree: ProcTree::new(),
+            last_watch: now,
+            rng: StdRng::from_os_rng(),
+            state: NodeState::Starting,
+            reason: "starting".into(),
+            state_since: SystemTime::now(),
+            last_status: None,
+            last_wait_log: None,
+            stop,
+            wake_at: now,
+            lease: Lease::new(now),
+            record: None,
+            record_error: None,
+            next_poll: now,
+            watch_state: argus_supervise::watch::WatchState::Off,
+            reader: None,
+            role,
+            storage: Storage::start(),
+            storage_hung_logged: false,
+            janitor: None,
+            prober: Prober::start(tx.clone()),
+            actor_reaper: None,
+            drain_gate: DrainGate::default(),
+            drain: None,
+            drain_wake: None,
+            helper: None,
+            lb_agent: None,
+            serve_proxy: None,
+            tx,
+        }
+    }
+
+    /// Returns the drain gate: the signal route asks it whether a SIGTERM
+    /// starts a drain (see [`DrainGate::defer`]) instead of the stop.
+    pub fn drain_gate(&self) -> DrainGate {
+        self.drain_gate.clone()
+    }
+
+    /// Adds variables to Ray's environment (e.g. from preflight).
+    pub fn add_ray_env(&mut self, env: Vec<(String, String)>) {
+        self.extra_env.extend(env);
+    }
+
+    /// Returns a sender for events (tests and the signal route use it).
+    pub fn events(&self) -> Sender<Event> {
+        self.tx.clone()
+    }
+
+    /// Runs until stopped; returns the process exit code. Signals reach
+    /// the loop as events sent by the caller's signal route.
+    pub fn run(mut self) -> i32 {
+        info!(
+            role = %self.cfg.role,
+            node_ip = %self.ip,
+            ip_source = %self.ip_source,
+            holder = %self.holder_id,
+            head_file = %self.cfg.head_file.display(),
+            "node agent started"
+        );
+        self.write_status();
+        self.janitor = Some(Janitor::start(&self.stop));
+        if matches!(self.role, RoleState::Worker(_)) {
+            self.actor_reaper = Some(actor_reaper::ActorReaper::start(
+                self.cfg.ray_user.clone(),
+                &self.stop,
+            ));
+            self.start_serve_watch();
+            let path = self.cfg.head_file.clone();
+            match RecordReader::start(path, self.cfg.poll, self.cfg.file_events, self.tx.clone()) {
+                Ok(r) => self.reader = Some(r),
+                Err(e) => {
+                    error!(error = %e, "cannot start the head record's reader thread");
+                    return 1;
+                }
+            }
+        }
+        loop {
+            let ev = match self.pending.pop_front() {
+                Some(ev) => Some(ev),
+                None => {
+                    let sleep = self.wake_at.saturating_duration_since(Instant::now());
+                    self.rx.recv_timeout(sleep).ok()
+                }
+            };
+            if let Some(ev) = ev {
+                self.handle(ev);
+            }
+            if self.stop.is_requested() {
+                return self.shutdown();
+            }
+            self.tick();
+            self.wake_at = self.next_wake();
+        }
+    }
+
+    fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::Signal(sig @ (Signal::SIGTERM | Signal::SIGINT)) => {
+                if self.drain_gate.deferred() && self.drain.is_none() && !self.stop.is_requested() {
+                    self.begin_drain();
+                } else {
+                    info!(?sig, "stop requested");
+                    self.stop.request();
+                }
+            }
+            Event::Signal(sig) => match &self.ray {
+                Some(r) => {
+                    info!(
+                        ?sig,
+                        pgid = r.pid,
+                        "forwarding signal to ray's process group"
+                    );
+                    if let Err(e) = signal::killpg(Pid::from_raw(r.pid as i32), sig) {
+                        warn!(?sig, pgid = r.pid, error = %e, "failed to forward signal");
+                    }
+                }
+                None => debug!(?sig, "no ray child to forward the signal to"),
+            },
+            Event::RayExited { run, exit } => self.on_ray_exit(run, exit),
+            // Draining: no role decision (a rejoin, a restart) any more.
+            Event::Record(_) if self.drain.is_some() => {}
+            Event::Record(read) => self.on_record(*read),
+            Event::FileEvents(state) => self.on_file_events(state),
+            Event::DaemonExited { run, name, pid } => self.on_daemon_exit(run, name, pid),
+            Event::Drain(input) => {
+                if let Some(d) = self.drain.as_mut() {
+                    d.on(input, Instant::now());
+                    self.drain_step();
+                }
+            }
+            Event::ProxyServing(up) => {
+                info!(serving = up, "serve proxy on this node");
+                self.serve_proxy = Some(up);
+                argus_telemetry::metrics::serve_proxy(up);
+                self.write_status();
+            }
+            Event::Probed(a) if self.drain.is_some() => self.prober.answered(a.purpose),
+            Event::Probed(a) => {
+                self.prober.answered(a.purpose);
+                match a.purpose {
+                    Purpose::Serving => self.on_serving_probe(&a),
+                    Purpose::Holder => self.on_holder_probe(&a),
+                    Purpose::Joined => self.on_joined_probe(&a),
+                }
+            }
+        }
+    }
+
+    /// Returns when the loop must look again at the latest: the nearest
+    /// deadline of the state the last tick left.
+    fn next_wake(&self) -> Instant {
+        let now = Instant::now();
+        let mut at = now + IDLE_WAKE;
+        let mut by = |t: Instant| at = at.min(t);
+        if let Some(t) = self.last_status {
+            // Not HEARTBEAT: an idle worker's record reads (every poll
+            // period) carry the rewrite, without a wake-up of its own.
+            by(t + status::HEARTBEAT_LATEST);
+        }
+        if let Some(t) = self.drain_wake {
+            by(t);
+        }
+        if let Some(r) = &self.ray {
+            if r.scanned() {
+                by(self.last_watch + WATCH_EVERY);
+            }
+            if matches!(self.role, RoleState::Head(_)) && !r.serving {
+                by(r.next_check);
+            }
+        }
+        match &self.role {
+            RoleState::Head(h) => match (h.generation, &self.ray) {
+                (None, _) => by(self.next_poll),
+                (Some(_), None) => by(self.start_after),
+                (Some(_), Some(_)) => {
+                    if let Some(t) = h.next_refresh {
+                        by(t)
+                    }
+                }
+            },
+            RoleState::Worker(w) => {
+                // A read under way is judged hung after STORAGE_BOUND.
+                if let Some(since) = self.reader.as_ref().and_then(RecordReader::reading_since) {
+                    by(since + STORAGE_BOUND);
+                }
+                if self.ray.is_none() && (w.desired.is_some() || self.state == NodeState::Backoff) {
+                    by(self.start_after);
+                }
+            }
+        }
+        at.max(now)
+    }
+
+    fn tick(&mut self) {
+        let now = Instant::now();
+        if self.ray.as_ref().is_some_and(|r| r.scanned())
+            && now.duration_since(self.last_watch) >= WATCH_EVERY
+        {
+            self.last_watch = now;
+            self.watch_ray();
+        }
+        if self.drain.is_some() {
+            // Draining: no role decision (a rejoin, a restart) any more.
+            self.drain_step();
+        } else {
+            match self.role {
+                RoleState::Head(_) => self.head_tick(),
+                RoleState::Worker(_) => self.worker_tick(),
+            }
+        }
+        self.drain_gate.arm(
+            self.cfg.drain.enabled
+                && matches!(self.role, RoleState::Worker(_))
+                && self.ray.is_some(),
+        );
+        if self
+            .last_status
+            .is_none_or(|t| t.elapsed() >= status::HEARTBEAT)
+        {
+            self.write_status();
+        }
+    }
+
+    // ---- stop and status -------------------------------------------------
+
+    /// Stops the node inside [`STOP_BUDGET`] of the stop signal (SPEC
+    /// §11): SIGTERM to Ray first, then, while Ray stops, the withdraw
+    /// (bounded: the storage may hang) and the removal of this node's
+    /// engine containers; SIGKILL of Ray's group when its grace (cut to fit
+    /// the budget) ends; a sweep of every descendant left.
+    fn shutdown(mut self) -> i32 {
+        let t0 = self.stop.requested_at().unwrap_or_else(Instant::now);
+        let budget_end = t0 + STOP_BUDGET;
+        self.skip_drain();
+        self.set_state(NodeState::Stopping, "stop requested".into());
+        let ray = self.ray.as_mut().map(|r| {
+            r.stopping = true;
+            (r.pid, r.run)
+        });
+        if let Some((pid, _)) = ray {
+            info!(
+                pid,
+                grace_s = self.cfg.stop_grace.as_secs_f64(),
+                "sending SIGTERM to ray"
+            );
+            let _ = signal::kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        }
+        // R-PID-4 / R-SHIM-4: no engine container outlives the node; the
+        // janitor thread started removing them when the stop was requested.
+        self.withdraw_within(WITHDRAW_BOUND);
+        if let Some((pid, run)) = ray {
+            let grace_end = (t0 + self.cfg.stop_grace).min(budget_end - STOP_RESERVE);
+            let grace = grace_end.saturating_duration_since(Instant::now());
+            if !self.wait_ray_exit(run, grace) {
+                warn!(
+                    pid,
+                    grace_s = grace_end.saturating_duration_since(t0).as_secs_f64(),
+                    "ray did not stop within its grace; killing its process group"
+                );
+                let _ = signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                self.wait_ray_exit(run, Duration::from_millis(300));
+            }
+        }
+        let sweep = budget_end
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(500));
+        let swept = tree::sweep_descendants(&mut self.tree, sweep);
+        if swept > 0 {
+            info!(swept, "killed leftover processes");
+        }
+        if let Some(janitor) = &self.janitor {
+            let left = budget_end.saturating_duration_since(Instant::now());
+            if !janitor.wait_removed(left) {
+                warn!(
+                    waited_s = left.as_secs_f64(),
+                    "engine containers not confirmed removed within the stop budget"
+                );
+            }
+        }
+        self.set_state(NodeState::Stopped, "stopped on request".into());
+        info!(took_s = t0.elapsed().as_secs_f64(), "node agent stopped");
+        0
+    }
+
+    /// Logs a shared-storage failure once per outage (R-WRK-4: it never
+    /// tears down Ray by itself).
+    pub(crate) fn storage_failed(&mut self, e: &StorageError) {
+        argus_telemetry::metrics::storage_error(match e {
+            StorageError::TimedOut { .. } => "timed_out",
+            StorageError::Busy { .. } => "busy",
+            StorageError::Gone { .. } => "gone",
+        });
+        if !self.storage_hung_logged {
+            self.storage_hung_logged = true;
+            warn!(error = %e, "shared storage hung or too slow; keeping ray as it is and retrying");
+        }
+    }
+
+    /// Notes that a shared-storage operation finished again.
+    pub(crate) fn storage_ok(&mut self) {
+        if std::mem::take(&mut self.storage_hung_logged) {
+            info!("shared storage answers again");
+        }
+    }
+
+    fn set_state(&mut self, state: NodeState, reason: String) {
+        let changed = state != self.state || reason != self.reason;
+        if state != self.state {
+            self.state_since = SystemTime::now();
+            debug!(%state, %reason, "state changed");
+        }
+        self.state = state;
+        self.reason = reason;
+        argus_telemetry::metrics::set_state(state);
+        if changed {
+            self.write_status();
+        }
+    }
+
+    fn write_status(&mut self) {
+        self.last_status = Some(Instant::now());
+        let now = Instant::now();
+        let (generation, head_address, head_instance) = match (&self.role, &self.record) {
+            (RoleState::Head(h), _) => (
+                h.generation,
+                Some(SocketAddr::new(self.ip, self.cfg.ray_port).to_string()),
+                self.ray.as_ref().map(|r| r.instance_id.clone()),
+            ),
+            (RoleState::Worker(_), Some(r)) => (
+                Some(r.generation),
+                Some(r.gcs_address()),
+                Some(r.instance_id.clone()),
+            ),
+            (RoleState::Worker(_), None) => (None, None, None),
+        };
+        let st = Status {
+            role: self.cfg.role.to_string(),
+            state: self.state,
+            reason: self.reason.clone(),
+            state_since: rfc3339(self.state_since),
+            agent_pid: std::process::id(),
+            node_ip: self.ip.to_string(),
+            node_ip_source: self.ip_source.to_string(),
+            head_address,
+            head_instance_id: head_instance,
+            head_generation: generation,
+            head_record_age_s: self
+                .lease
+                .changed_at()
+                .map(|t| now.duration_since(t).as_secs_f64()),
+            ray_pid: self.ray.as_ref().map(|r| r.pid),
+            ray_started_at: self.ray.as_ref().map(|r| rfc3339(r.started_wall)),
+            restarts: self.restarts,
+            consecutive_failures: self.backoff.failures(),
+            crash_loop: self.backoff.failures() >= CRASH_LOOP_AFTER,
+            last_exit: self.last_exit.clone(),
+            next_restart_in_s: (self.ray.is_none() && self.start_after > now)
+                .then(|| (self.start_after - now).as_secs_f64()),
+            takeover: match &self.role {
+                RoleState::Head(h) => h.rule.clone(),
+                RoleState::Worker(_) => None,
+            },
+            head_gcs: match &self.role {
+                RoleState::Worker(w) => w.gcs_note.clone(),
+                RoleState::Head(_) => None,
+            },
+            gcs_ft: match &self.role {
+                RoleState::Head(_) => self.cfg.gcs_ft_redis.is_some(),
+                RoleState::Worker(_) => self.record.as_ref().is_some_and(|r| r.gcs_ft),
+            },
+            file_events: self.watch_state.to_string(),
+            serve_proxy: self
+                .serve_proxy
+                .map(|up| if up { "serving" } else { "not_serving" }.to_string()),
+            updated_at: rfc3339(SystemTime::now()),
+        };
+        if let Err(e) = status::write(&self.cfg.state_dir, &st) {
+            warn!(error = %e, "cannot write status file");
+        }
+        let record_changed_at = match &self.role {
+            RoleState::Head(h) => h.published_at,
+            RoleState::Worker(_) => self.lease.changed_at(),
+        };
+        argus_telemetry::metrics::set_head(st.head_generation, record_changed_at);
+        argus_telemetry::metrics::set_failures(st.consecutive_failures, st.crash_loop);
+        if let Err(e) = argus_telemetry::metrics::write_snapshot(&self.cfg.state_dir) {
+            debug!(error = %e, "cannot write the metrics snapshot");
+        }
+    }
+}
+
+fn short_id() -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    id[..8].to_string()
+}

@@ -1,0 +1,421 @@
+//! The agent's podman broker: a unix socket in the node's state folder
+//! (`shim.sock`) that only the Ray user (and the agent's own user) may use,
+//! checked with `SO_PEERCRED`. Each connection is handed, unread, to a
+//! handler process of its own ([`super::handler`]); PID 1 only accepts and
+//! spawns, on a thread of its own, so a garbage, huge, slow or silent client
+//! costs it nothing but a process slot for at most the handler's request
+//! deadline ([`super::handler::REQUEST_DEADLINE`]), and at most
+//! [`MAX_CALLS_PER_UID`] calls of one uid ([`MAX_CALLS`] in all) run at
+//! once (beyond that a client gets a one-line error at once, 125): R-SEC-5.
+//!
+//! Each handler gets a pipe of its own on descriptor 4 for its report (see
+//! [`super::report`]); when the handler exits, the reaper's thread reads
+//! it without blocking and records the call in the agent's metrics
+//! (`argus_shim_*`, [`argus_telemetry::metrics`]).
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+
+use super::client::SOCKET;
+use super::handler::CONNECTION_FD;
+use super::report::{self, REPORT_FD};
+use super::transport::{self, ToClient};
+use super::EXIT_SHIM;
+use argus_supervise::reaper;
+use argus_telemetry::metrics;
+
+/// The hidden subcommand a handler process runs.
+pub const HANDLER_COMMAND: &str = "__shim-handler";
+
+/// How many podman calls one uid may have at once on one node, pending
+/// (a handler waiting for the request, at most
+/// [`super::handler::REQUEST_DEADLINE`]) or running (R-SEC-5). Above
+/// 256: that many stalled clients of the Ray user leave room for its real
+/// calls, and each is dropped within the deadline.
+pub const MAX_CALLS_PER_UID: usize = 512;
+
+/// How many podman calls may run at once on one node, all uids together.
+pub const MAX_CALLS: usize = 1024;
+
+/// The live calls per uid, and in all.
+#[derive(Debug, Default)]
+pub struct Calls {
+    per_uid: std::collections::HashMap<u32, usize>,
+    all: usize,
+}
+
+impl Calls {
+    /// Counts a new call of `uid` and returns None, or returns the one-line
+    /// refusal when `uid` or the node is at its bound.
+    pub fn admit(&mut self, uid: u32) -> Option<String> {
+        let mine = self.per_uid.get(&uid).copied().unwrap_or(0);
+        if mine >= MAX_CALLS_PER_UID {
+            return Some(format!(
+                "{MAX_CALLS_PER_UID} podman calls of uid {uid} are already running on this node"
+            ));
+        }
+        if self.all >= MAX_CALLS {
+            return Some(format!(
+                "{MAX_CALLS} podman calls are already running on this node"
+            ));
+        }
+        self.per_uid.insert(uid, mine + 1);
+        self.all += 1;
+        None
+    }
+
+    /// Counts the end of a call of `uid`.
+    pub fn done(&mut self, uid: u32) {
+        if let Some(n) = self.per_uid.get_mut(&uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_uid.remove(&uid);
+            }
+        }
+        self.all = self.all.saturating_sub(1);
+    }
+}
+
+type Live = Arc<std::sync::Mutex<Calls>>;
+
+fn lock(live: &Live) -> std::sync::MutexGuard<'_, Calls> {
+    live.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Where the broker listens, who may call, and what handlers run.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub state_dir: PathBuf,
+    /// This node's shim settings file, passed to every handler.
+    pub settings: PathBuf,
+    /// The uids that may connect (the Ray user's, the agent's).
+    pub allowed_uids: Vec<u32>,
+    /// The owner the socket file gets (the Ray user), when the agent is
+    /// root.
+    pub owner: Option<(u32, u32)>,
+}
+
+/// Binds the broker's socket and serves it on a thread; returns its path.
+pub fn start(cfg: BrokerConfig) -> io::Result<PathBuf> {
+    let path = cfg.state_dir.join(SOCKET);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = UnixListener::bind(&path)?;
+    if let Some((uid, gid)) = cfg.owner {
+        std::os::unix::fs::chown(&path, Some(uid), Some(gid))?;
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    let exe = std::env::current_exe()?;
+    let live: Live = Arc::default();
+    info!(socket = %path.display(), "podman broker listening");
+    std::thread::Builder::new()
+        .name("shim-broker".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                match conn {
+                    Ok(conn) => accept(conn, &cfg, &exe, &live),
+                    Err(e) => {
+                        warn!(error = %e, "podman broker: accept failed");
+                        std::thread::sleep(std::time::Duration::from_millis(100));
+                    }
+                }
+            }
+        })?;
+    Ok(path)
+}
+
+/// Refuses `conn` with a one-line error.
+fn refuse(conn: &UnixStream, why: String) {
+    let _ = transport::send(
+        conn,
+        &ToClient {
+            code: EXIT_SHIM,
+            error: Some(why),
+        },
+    );
+}
+
+fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
+    let (pid, uid, _) = match transport::peer(&conn) {
+        Ok(p) => p,
+        Err(e) => {
+            debug!(error = %e, "podman broker: no peer credentials");
+            return;
+        }
+    };
+    if !cfg.allowed_uids.contains(&uid) {
+        warn!(
+            pid,
+            uid, "podman broker: refused a caller that is not the Ray user"
+        );
+        refuse(&conn, format!("uid {uid} may not use this node's podman"));
+        return;
+    }
+    let over = lock(live).admit(uid);
+    if let Some(why) = over {
+        warn!(pid, uid, "podman broker: too many calls at once");
+        refuse(&conn, why);
+        return;
+    }
+    let fd = conn.as_raw_fd();
+    let (report_rx, report_tx) = match report_pipe() {
+        Ok(p) => p,
+        Err(e) => {
+            lock(live).done(uid);
+            warn!(error = %e, "podman broker: cannot create a report pipe");
+            refuse(&conn, format!("the node agent cannot start a handler: {e}"));
+            return;
+        }
+    };
+    let tx = report_tx.as_raw_fd();
+    let mut cmd = Command::new(exe);
+    cmd.arg(HANDLER_COMMAND)
+        .arg(&cfg.settings)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: dup2 and fcntl are async-signal-safe. The report's write
+    // end is above REPORT_FD (see `report_pipe`), so placing the connection
+    // cannot overwrite it; dup2 leaves both targets inherited.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == CONNECTION_FD {
+                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            } else if libc::dup2(fd, CONNECTION_FD) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::dup2(tx, REPORT_FD) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let done = live.clone();
+    let state_dir = cfg.state_dir.clone();
+    let started = Instant::now();
+    let spawned = reaper::spawn_with(&mut cmd, move |exit| {
+        lock(&done).done(uid);
+        let took = started.elapsed();
+        // The handler has exited: what it wrote is in the pipe.
+        let (r, created) = report::read_with_ids(report_rx.as_fd());
+        record(&r, took);
+        // PID 1 keeps the record of this node's containers (the janitor
+        // removes only those, by full ID).
+        for id in &created {
+            if let Err(e) = crate::janitor::record_in(&state_dir, id) {
+                warn!(id, error = %e, "cannot record an engine container");
+            }
+        }
+        for flag in r.ignored_flags() {
+            if argus_podman_core::args::RAY_OWN_GLOBALS.contains(&flag) {
+                debug!(
+                    uid,
+                    flag, "Ray's podman flag has no meaning on Docker; ignored"
+                );
+            } else {
+                warn!(
+                    uid,
+                    flag, "a podman call passed --{flag}, which has no meaning on Docker; ignored"
+                );
+            }
+        }
+        debug!(pid, %exit, command = r.command, code = ?r.code, refusal = ?r.refusal, ?took, "podman call ended");
+    });
+    // Only the handler holds the write end now: a handler that dies
+    // without writing leaves an empty pipe.
+    drop(report_tx);
+    match spawned {
+        Ok(handler) => debug!(pid, uid, handler, "podman call accepted"),
+        Err(e) => {
+            lock(live).done(uid);
+            warn!(error = %e, "podman broker: cannot start a handler");
+            refuse(&conn, format!("the node agent cannot start a handler: {e}"));
+        }
+    }
+}
+
+/// Creates a call's report pipe: the read end non-blocking (the broker
+/// reads it from the reaper's thread once the handler exited), both ends
+/// close-on-exec (no other child of PID 1 inherits them; the handler gets
+/// the write end on [`REPORT_FD`] by dup2), and the write end numbered
+/// above [`REPORT_FD`] and [`CONNECTION_FD`].
+fn report_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let (rx, tx) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    fcntl(&rx, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    let high = fcntl(&tx, FcntlArg::F_DUPFD_CLOEXEC(REPORT_FD + 1))?;
+    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor this process owns.
+    let tx = unsafe { OwnedFd::from_raw_fd(high) };
+    Ok((rx, tx))
+}
+
+/// Records a call's report (or its absence) in the agent's metrics.
+fn record(r: &report::Checked, took: Duration) {
+    metrics::shim_call(r.command, took);
+    if let Some(rule) = r.refusal {
+        metrics::shim_refusal(rule);
+    }
+    if r.created > 0 {
+        metrics::shim_created(r.created);
+    }
+    if r.removed > 0 {
+        metrics::janitor_removed(r.removed);
+    }
+}
+
+/// The folder the node image keeps the Docker socket in: root's alone
+/// (0700), so no other user, and no process with the socket's group that
+/// reaches this container's files through `/proc/<pid>/root`, can get to it.
+pub const SOCKET_FOLDER: &str = "/run/argus-docker";
+
+/// Why the Docker socket at `docker_host` (a `unix://` address, or the
+/// default) is not in a folder only root can enter (SPEC R-SEC-4), if it is
+/// not: the folder that really holds it (links resolved) must be root's and
+/// give its group and others no search (x) right. `None` when the socket is
+/// safe, is not a unix socket, or does not exist (then nothing can reach it).
+pub fn socket_folder_problem(docker_host: Option<&str>) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let path = match docker_host {
+        Some(h) => h.strip_prefix("unix://")?.to_string(),
+        None => "/var/run/docker.sock".into(),
+    };
+    let real = std::fs::canonicalize(&path).ok()?;
+    let folder = real.parent()?;
+    let meta = std::fs::metadata(folder).ok()?;
+    if meta.uid() == 0 && meta.mode() & 0o011 == 0 {
+        return None;
+    }
+    Some(format!(
+        "the Docker socket {path} is in {} (owner {}, mode {:o}), which other users can enter: a process with the socket's group could reach it through /proc/<pid>/root; mount the socket at {SOCKET_FOLDER}/docker.sock (the node image's root-only folder) and set DOCKER_HOST=unix://{SOCKET_FOLDER}/docker.sock",
+        folder.display(),
+        meta.uid(),
+        meta.mode() & 0o7777
+    ))
+}
+
+/// Returns the warnings about this node's Docker socket: the agent cannot
+/// open it, or Ray's user can (then any Ray task is root on the host).
+pub fn socket_warnings(docker_host: Option<&str>, ray_uid: u32, ray_gid: u32) -> Vec<String> {
+    let path = match docker_host {
+        Some(h) => match h.strip_prefix("unix://") {
+            Some(p) => p.to_string(),
+            None => {
+                return vec![format!(
+                    "DOCKER_HOST={h} is not a unix socket: anything that can reach that address can use the daemon, Ray's user included"
+                )]
+            }
+        },
+        None => "/var/run/docker.sock".into(),
+    };
+    let Ok(meta) = std::fs::metadata(&path) else {
+        return vec![];
+    };
+    let mut out = Vec::new();
+    if let Err(e) = UnixStream::connect(&path) {
+        out.push(format!(
+            "the agent cannot open the Docker socket {path} ({e}): engine containers will fail; run the node container as root (the node image's default)"
+        ));
+    }
+    if argus_supervise::privs::can_connect(&meta, ray_uid, &[ray_gid]) {
+        use std::os::unix::fs::MetadataExt;
+        out.push(format!(
+            "Ray's user (uid {ray_uid}, gid {ray_gid}) can open the Docker socket {path} (owner {}, group {}, mode {:o}): any Ray task is root on the host; set ARGUS_RAY_USER to a user without the socket's group (compose: no group_add)",
+            meta.uid(),
+            meta.gid(),
+            meta.mode() & 0o7777
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::net::UnixListener;
+
+    /// The rule (SPEC R-SEC-4): the socket's real folder is root's and no
+    /// one else may search it; a link to the socket from a safe folder does
+    /// not make an unsafe socket safe.
+    #[test]
+    fn socket_folder_must_be_roots_alone_after_links() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "needs root to own and chown the folders (CI runs as root)"
+        );
+        let top = tempfile::tempdir().unwrap();
+        let folder = top.path().join("sock");
+        std::fs::create_dir(&folder).unwrap();
+        let sock = folder.join("docker.sock");
+        let _l = UnixListener::bind(&sock).unwrap();
+        let host = format!("unix://{}", sock.display());
+        for (mode, safe) in [
+            (0o700, true),
+            (0o755, false),
+            (0o710, false),
+            (0o701, false),
+            (0o744, true),
+        ] {
+            std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(
+                socket_folder_problem(Some(&host)).is_none(),
+                safe,
+                "mode {mode:o}"
+            );
+        }
+        // A link in a root-only folder to the socket in an open one.
+        std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let safe = top.path().join("safe");
+        std::fs::create_dir(&safe).unwrap();
+        std::fs::set_permissions(&safe, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(&sock, safe.join("docker.sock")).unwrap();
+        let via_link = format!("unix://{}/docker.sock", safe.display());
+        assert!(socket_folder_problem(Some(&via_link)).is_some());
+        // A folder of another owner, even 0700, is not root's alone.
+        std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o700)).unwrap();
+        nix::unistd::chown(&folder, Some(nix::unistd::Uid::from_raw(1000)), None).unwrap();
+        assert!(socket_folder_problem(Some(&host)).is_some());
+        // Not a unix socket, or missing: nothing to say here.
+        assert!(socket_folder_problem(Some("tcp://127.0.0.1:2375")).is_none());
+        assert!(socket_folder_problem(Some("unix:///nonexistent/docker.sock")).is_none());
+    }
+
+    #[test]
+    fn calls_are_bounded_per_uid_and_in_all() {
+        let mut c = Calls::default();
+        for _ in 0..MAX_CALLS_PER_UID {
+            assert_eq!(c.admit(1000), None);
+        }
+        let why = c.admit(1000).unwrap();
+        assert!(why.contains("uid 1000") && !why.contains('\n'), "{why}");
+        // Another uid still gets in; one call ended makes room again.
+        assert_eq!(c.admit(0), None);
+        c.done(1000);
+        assert_eq!(c.admit(1000), None);
+        // The node's bound holds over all uids.
+        let mut c = Calls::default();
+        for uid in 0..MAX_CALLS as u32 {
+            assert_eq!(c.admit(uid), None);
+        }
+        assert!(c.admit(u32::MAX).unwrap().contains("already running"));
+        for uid in 0..MAX_CALLS as u32 {
+            c.done(uid);
+        }
+        assert_eq!((c.all, c.per_uid.len()), (0, 0));
+    }
+}

@@ -1,0 +1,258 @@
+//! The podman shim (SPEC §9, issue 4): answers Ray's `podman …` calls with
+//! the host Docker Engine API over its unix socket.
+//!
+//! Ray's `image_uri` runtime_env runs `podman run …` twice: once to probe the
+//! worker path (`--rm -v <tmpdir>:/shared`), and once per worker through
+//! `bash -c "exec podman run …"`, so the shim process *is* the worker the
+//! raylet signals and may SIGKILL. Hence: signals are forwarded to the
+//! container, a watchdog process removes the container when the shim dies
+//! without cleaning up, and every container is labelled with its owner so
+//! the node agent's janitor can sweep what is left (R-SHIM-4).
+//!
+//! Layout, in the order a call goes through it: [`client`] (the `podman`
+//! Ray runs, under a node agent) -> [`transport`] (the agent's unix socket:
+//! streams, request, signals, exit code) -> [`broker`] (PID 1 accepts and
+//! spawns) -> [`handler`] (one process per call, with the caller's
+//! identity) -> [`args`] parses -> [`settings`] (the node's, not the
+//! caller's) -> [`resolve`] (bind sources, link by link) -> [`translate`]
+//! maps podman meaning onto Docker (one submodule per group of flags) ->
+//! [`policy`] refuses dangerous requests -> [`runner`] drives `run`,
+//! [`cmds`] the other subcommands, over [`docker`]. Beside them:
+//! [`selfid`] finds the Ray container and maps its paths to the host,
+//! [`labels`] and [`owner`] name the containers, [`janitor`] sweeps,
+//! [`watchdog`] outlives a killed handler, [`report`] tells the broker how
+//! a call went (for the agent's metrics). Without a node agent (tests, a
+//! person on a host) the shim runs the call in-process from `args` on.
+
+pub mod broker;
+pub mod caller;
+pub mod client;
+pub mod cmds;
+pub mod docker;
+pub mod handler;
+pub mod janitor;
+pub mod owner;
+pub mod report;
+pub mod resolve;
+pub mod runner;
+pub mod settings;
+pub mod transport;
+pub mod watchdog;
+
+use std::ffi::OsString;
+
+use argus_podman_core::{args, policy, translate};
+
+pub use janitor::{sweep_blocking, JanitorScope};
+
+/// Exit code of the shim's own failures (podman's).
+pub const EXIT_SHIM: u8 = 125;
+/// Exit code when the container command cannot be invoked.
+pub const EXIT_CANNOT_INVOKE: u8 = 126;
+/// Exit code when the container command is not found.
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// Errors of the shim. Each one is printed as one line and exits 125.
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    #[error(transparent)]
+    Args(#[from] args::ArgsError),
+    #[error(transparent)]
+    Translate(#[from] translate::TranslateError),
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
+    #[error("cannot connect to the Docker daemon at {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: bollard::errors::Error,
+    },
+    #[error("{what}: {source}")]
+    Docker {
+        what: String,
+        source: bollard::errors::Error,
+    },
+    #[error("cannot confirm which container this shim runs in (candidates {candidates:?} are unknown to the daemon at {addr}); set ARGUS_SHIM_SELF_ID to the container id, or to `host`")]
+    NoSelf {
+        candidates: Vec<String>,
+        addr: String,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{image}: image not known locally and --pull=never")]
+    ImageMissing { image: String },
+    #[error("{image}: no such image in the host's Docker daemon (docker-daemon: never pulls)")]
+    NotInDaemon { image: String },
+    #[error("no container with name or ID {0:?} found: no such container")]
+    NoSuchContainer(String),
+    #[error("failed to start the tokio runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error(transparent)]
+    Settings(#[from] settings::SettingsError),
+}
+
+impl ShimError {
+    /// Wraps a Docker API error with what the shim was doing.
+    pub fn docker(what: impl Into<String>) -> impl FnOnce(bollard::errors::Error) -> ShimError {
+        let what = what.into();
+        move |source| ShimError::Docker { what, source }
+    }
+}
+
+/// Runs the shim with the arguments after `podman` and returns the exit
+/// code. Must be called before any other thread exists: an attached `run`
+/// forks its watchdog first. The caller installs the log subscriber (the
+/// shim logs at `ARGUS_SHIM_LOG`, [`LOG_ENV`]).
+pub fn run(args: Vec<OsString>) -> u8 {
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    // Under a node agent that brokers podman calls, this process is only
+    // its client: the agent's side holds the Docker socket.
+    if let Some(code) = client::run(&args) {
+        return code;
+    }
+    if let Err(e) = use_node_settings(None) {
+        return fail(&e);
+    }
+    run_here(&args, || {})
+}
+
+/// Runs the shim in this process (the standalone shim, or the agent's
+/// handler of one client call); `on_ready` runs once the watchdog is forked
+/// and before any thread of the shim exists.
+pub fn run_here(args: &[String], on_ready: impl FnOnce()) -> u8 {
+    report::note_command(argus_telemetry::metrics::shim_command_label(
+        args::command_word(args).unwrap_or(""),
+    ));
+    let command = match args::parse(args) {
+        Ok(c) => c,
+        Err(e) => return fail(&ShimError::from(e)),
+    };
+    let mut ignored = args::leading_ignored_globals(args);
+    if let args::Command::Run(o) = &command {
+        ignored.extend(&o.ignored);
+    }
+    report::note_ignored(ignored);
+    if let args::Command::Run(o) = &command {
+        if !o.detach {
+            watchdog::spawn();
+        }
+    }
+    on_ready();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&ShimError::Runtime(e)),
+    };
+    let result = rt.block_on(async move {
+        match command {
+            args::Command::Run(o) => runner::run(*o).await,
+            other => cmds::run(other).await,
+        }
+    });
+    let code = match result {
+        Ok(code) => code,
+        Err(e) => fail(&e),
+    };
+    watchdog::disarm();
+    // Blocking stdin readers must not keep the process alive.
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    code
+}
+
+/// Makes the node's settings the ones in force (see [`settings`]): the
+/// caller's environment may hold a job's `env_vars`.
+fn use_node_settings(file: Option<&std::path::Path>) -> Result<(), ShimError> {
+    let file = match file {
+        Some(f) => f.to_path_buf(),
+        None => match settings::locate() {
+            settings::Source::Agent { file, .. } | settings::Source::StateDir(file) => file,
+            settings::Source::Environment => return Ok(()),
+        },
+    };
+    let node = settings::NodeSettings::read(&file)?;
+    for name in settings::apply(&node) {
+        tracing::warn!(
+            variable = name,
+            file = %file.display(),
+            "the caller's value is ignored: the shim uses this node's settings"
+        );
+    }
+    Ok(())
+}
+
+/// Returns the rule, as a label of [`policy::REFUSAL_RULES`], that refused the call
+/// failing with `e`: the policy's rules, the translation's
+/// `no-writable-subfolder-bind` and podman-only modes, and the flag
+/// table's refusals (unknown, unsupported). None when `e` is no refusal
+/// (a malformed call, the daemon, a setting).
+pub fn refusal_rule(e: &ShimError) -> Option<&'static str> {
+    use argus_podman_core::args::ArgsError;
+    use argus_podman_core::policy::refusal_label;
+    use argus_podman_core::translate::TranslateError;
+    match e {
+        ShimError::Policy(p) => p.rule(),
+        ShimError::Translate(TranslateError::RacySubfolder { .. }) => {
+            Some(refusal_label("no-writable-subfolder-bind"))
+        }
+        ShimError::Translate(TranslateError::Refused { rule, .. }) => Some(refusal_label(rule)),
+        ShimError::Translate(TranslateError::Unsupported { .. })
+        | ShimError::Args(ArgsError::Unsupported { .. })
+        | ShimError::Args(ArgsError::NotSupported { .. }) => Some("unsupported"),
+        ShimError::Args(ArgsError::UnknownFlag(_))
+        | ShimError::Args(ArgsError::UnknownOption { .. }) => Some("unknown_flag"),
+        ShimError::Args(ArgsError::UnknownCommand(_)) => Some("unknown_command"),
+        _ => None,
+    }
+}
+
+/// Prints `e` as podman does and returns its exit code; notes the rule
+/// when `e` is a refusal (for the broker's report, see [`report`]).
+fn fail(e: &ShimError) -> u8 {
+    if let Some(rule) = refusal_rule(e) {
+        report::note_refusal(rule);
+    }
+    eprintln!("Error: {e}");
+    EXIT_SHIM
+}
+
+/// The variable that holds the shim's log filter (tracing syntax; the
+/// binary's default is `warn`, so the worker's log files only get warnings
+/// and errors).
+pub const LOG_ENV: &str = "ARGUS_SHIM_LOG";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use argus_podman_core::args::ArgsError;
+
+    #[test]
+    fn refusals_of_the_parser_have_rules_and_other_errors_none() {
+        // Refusals of the parser, and errors that are no refusal.
+        let args = |e| refusal_rule(&ShimError::Args(e));
+        assert_eq!(
+            args(ArgsError::UnknownFlag("--x".into())),
+            Some("unknown_flag")
+        );
+        assert_eq!(
+            args(ArgsError::UnknownCommand("x".into())),
+            Some("unknown_command")
+        );
+        assert_eq!(
+            args(ArgsError::Unsupported {
+                flag: "--pod".into(),
+                value: "p".into()
+            }),
+            Some("unsupported")
+        );
+        assert_eq!(args(ArgsError::MissingValue("--name".into())), None);
+        assert_eq!(refusal_rule(&ShimError::NoSuchContainer("c".into())), None);
+    }
+}

@@ -1,0 +1,21 @@
+//! Process supervision for PID 1: one signal thread, one reaper, children in
+//! their own process groups, restart backoff, and the process tree of Ray.
+//!
+//! Why it looks like this: a global `waitpid(-1)` steals exit statuses from
+//! `std::process::Child::wait`, so every child the agent starts is spawned
+//! through [`reaper::spawn`] and its status is routed back from the single
+//! reaping thread. Signals are blocked in every thread (before any thread is
+//! created) and received synchronously by that same thread.
+
+pub mod backoff;
+pub mod exitwatch;
+pub mod netinfo;
+pub mod privs;
+pub mod reaper;
+pub mod stop;
+pub mod storage;
+pub mod tree;
+pub mod watch;
+
+pub use reaper::{spawn, spawn_captured, Captured, ChildProc, Exit, Waited};
+pub use stop::{Stop, Stopped};
