@@ -36,7 +36,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use bollard::models::ContainerCreateBody;
+use bollard::models::{ContainerCreateBody, HostConfig};
 
 use crate::args::{run_flag, Rule, RunOpts, Volume};
 use crate::labels::LABEL_PREFIX;
@@ -775,72 +775,109 @@ impl Policy {
 
     /// Checks the create body as translated: what the options mean once
     /// mapped onto the Ray container's resources (GPUs, limits, network).
+    /// The checks run in this order, and the first that fails is the
+    /// refusal.
     pub fn check_body(&self, body: &ContainerCreateBody) -> Result<(), PolicyError> {
         if self.relaxed {
             return Ok(());
         }
-        let refuse = |flag, value: String, rule| PolicyError::Flag { flag, value, rule };
-        if let Gpus::List(have) = &self.gpus {
-            for e in body.env.iter().flatten() {
-                let Some(v) = e.strip_prefix("NVIDIA_VISIBLE_DEVICES=") else {
-                    continue;
-                };
-                let ok = matches!(v, "" | "void" | "none")
-                    || v.split(',').all(|id| have.iter().any(|h| h == id.trim()));
-                if !ok {
-                    return Err(refuse(
-                        "-e NVIDIA_VISIBLE_DEVICES",
-                        format!("{v} (this container's GPUs: {})", show_list(have)),
-                        "gpus",
-                    ));
-                }
-            }
-        }
+        self.check_gpu_env(body)?;
         self.check_identity(body)?;
         let Some(hc) = &body.host_config else {
             return Ok(());
         };
-        if let Gpus::List(have) = &self.gpus {
-            for r in hc.device_requests.iter().flatten() {
-                for id in r.device_ids.iter().flatten() {
-                    let id = id.strip_prefix("nvidia.com/gpu=").unwrap_or(id);
-                    if !have.iter().any(|h| h == id) {
-                        return Err(refuse(
-                            "--gpus/--device",
-                            format!("{id} (this container's GPUs: {})", show_list(have)),
-                            "gpus",
-                        ));
-                    }
-                }
-                if r.device_ids.is_none() && r.count.is_some_and(|c| c < 0) {
-                    return Err(refuse("--gpus", "all".into(), "gpus"));
-                }
+        self.check_gpu_requests(hc)?;
+        self.check_limits(hc)?;
+        self.check_cpuset(hc)
+    }
+
+    /// Checks `NVIDIA_VISIBLE_DEVICES` in the body's environment (rule
+    /// `gpus`): when the Ray container has a list of GPUs, the variable may
+    /// only name those (or `""`, `void`, `none`), since the NVIDIA runtime
+    /// would otherwise hand the engine GPUs that belong to another job.
+    fn check_gpu_env(&self, body: &ContainerCreateBody) -> Result<(), PolicyError> {
+        let Gpus::List(have) = &self.gpus else {
+            return Ok(());
+        };
+        for e in body.env.iter().flatten() {
+            let Some(v) = e.strip_prefix("NVIDIA_VISIBLE_DEVICES=") else {
+                continue;
+            };
+            let ok = matches!(v, "" | "void" | "none")
+                || v.split(',').all(|id| have.iter().any(|h| h == id.trim()));
+            if !ok {
+                return Err(PolicyError::Flag {
+                    flag: "-e NVIDIA_VISIBLE_DEVICES",
+                    value: format!("{v} (this container's GPUs: {})", show_list(have)),
+                    rule: "gpus",
+                });
             }
         }
+        Ok(())
+    }
+
+    /// Checks the host config's device requests (`--gpus`, CDI
+    /// `--device nvidia.com/gpu=…`; rule `gpus`): when the Ray container
+    /// has a list of GPUs, each requested ID must be one of them, and
+    /// `--gpus all` (a count of -1 with no IDs) is refused, as it would
+    /// reach every GPU of the host.
+    fn check_gpu_requests(&self, hc: &HostConfig) -> Result<(), PolicyError> {
+        let refuse = |flag, value: String| PolicyError::Flag {
+            flag,
+            value,
+            rule: "gpus",
+        };
+        let Gpus::List(have) = &self.gpus else {
+            return Ok(());
+        };
+        for r in hc.device_requests.iter().flatten() {
+            for id in r.device_ids.iter().flatten() {
+                let id = id.strip_prefix("nvidia.com/gpu=").unwrap_or(id);
+                if !have.iter().any(|h| h == id) {
+                    return Err(refuse(
+                        "--gpus/--device",
+                        format!("{id} (this container's GPUs: {})", show_list(have)),
+                    ));
+                }
+            }
+            if r.device_ids.is_none() && r.count.is_some_and(|c| c < 0) {
+                return Err(refuse("--gpus", "all".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks memory, shared memory, CPUs and pids against the Ray
+    /// container's own limits (rule `resources`), in that order: where the
+    /// Ray container is limited, the engine must be too, and no higher,
+    /// or a job could use more of the node than Ray was given. `--shm-size`
+    /// is only checked when given (it counts against the memory limit).
+    fn check_limits(&self, hc: &HostConfig) -> Result<(), PolicyError> {
+        let refuse = |flag, value: String| PolicyError::Flag {
+            flag,
+            value,
+            rule: "resources",
+        };
         let l = &self.limits;
-        let over =
-            |want: Option<i64>, have: i64| have > 0 && want.is_none_or(|w| w <= 0 || w > have);
-        if over(hc.memory, l.memory) {
+        if over_limit(hc.memory, l.memory) {
             return Err(refuse(
                 "--memory",
                 format!(
                     "{:?} (this container's limit: {} bytes)",
                     hc.memory, l.memory
                 ),
-                "resources",
             ));
         }
-        if over(hc.shm_size, l.memory) && hc.shm_size.is_some() {
+        if over_limit(hc.shm_size, l.memory) && hc.shm_size.is_some() {
             return Err(refuse(
                 "--shm-size",
                 format!(
                     "{:?} (this container's memory: {} bytes)",
                     hc.shm_size, l.memory
                 ),
-                "resources",
             ));
         }
-        if over(hc.nano_cpus, l.nano_cpus) {
+        if over_limit(hc.nano_cpus, l.nano_cpus) {
             return Err(refuse(
                 "--cpus",
                 format!(
@@ -848,31 +885,39 @@ impl Policy {
                     hc.nano_cpus.map(|n| n as f64 / 1e9),
                     l.nano_cpus as f64 / 1e9
                 ),
-                "resources",
             ));
         }
-        if over(hc.pids_limit, l.pids) {
+        if over_limit(hc.pids_limit, l.pids) {
             return Err(refuse(
                 "--pids-limit",
                 format!("{:?} (this container's limit: {})", hc.pids_limit, l.pids),
-                "resources",
             ));
         }
-        if !l.cpuset_cpus.is_empty() {
-            let want = hc.cpuset_cpus.as_deref().unwrap_or("");
-            let inside = match (cpuset(want), cpuset(&l.cpuset_cpus)) {
-                (Some(w), Some(h)) => !w.is_empty() && w.is_subset(&h),
-                _ => false,
-            };
-            if !inside {
-                return Err(refuse(
-                    "--cpuset-cpus",
-                    format!("{want:?} (this container's: {})", l.cpuset_cpus),
-                    "resources",
-                ));
-            }
-        }
         Ok(())
+    }
+
+    /// Checks `--cpuset-cpus` (rule `resources`): when the Ray container is
+    /// pinned to a set of CPUs, the engine must be pinned to a non-empty
+    /// subset of it, so a job cannot run on CPUs given to another.
+    fn check_cpuset(&self, hc: &HostConfig) -> Result<(), PolicyError> {
+        let have = &self.limits.cpuset_cpus;
+        if have.is_empty() {
+            return Ok(());
+        }
+        let want = hc.cpuset_cpus.as_deref().unwrap_or("");
+        let inside = match (cpuset(want), cpuset(have)) {
+            (Some(w), Some(h)) => !w.is_empty() && w.is_subset(&h),
+            _ => false,
+        };
+        if inside {
+            Ok(())
+        } else {
+            Err(PolicyError::Flag {
+                flag: "--cpuset-cpus",
+                value: format!("{want:?} (this container's: {have})"),
+                rule: "resources",
+            })
+        }
     }
 
     /// Checks the identity the create body gives the container (R-SEC-1):
@@ -1151,6 +1196,14 @@ pub fn check_job_env(entry: &str) -> Result<(), PolicyError> {
         return Err(PolicyError::JobPolicy { name: name.into() });
     }
     Ok(())
+}
+
+/// Returns true if and only if a wanted limit breaks the Ray container's
+/// own (`have`; 0 or less: not limited): where the Ray container is
+/// limited, a wanted limit that is unset, 0 or less (unlimited) or higher
+/// than `have` would let the engine use more than Ray was given.
+fn over_limit(want: Option<i64>, have: i64) -> bool {
+    have > 0 && want.is_none_or(|w| w <= 0 || w > have)
 }
 
 /// Returns `l` comma-separated, or `none`.
