@@ -286,7 +286,7 @@ pub fn healthz(addr: SocketAddr) -> bool {
     c.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
 }
 
-impl Node {
+impl<R: super::RoleLoop> Node<R> {
     /// At the stop: a drain still under way (a second SIGTERM, SIGINT) is
     /// given up, and counted as skipped.
     pub(super) fn skip_drain(&mut self) {

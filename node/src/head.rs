@@ -13,7 +13,9 @@ use argus_telemetry::status::NodeState;
 
 pub(super) use super::probe::Probe;
 use super::probe::{Probed, Purpose};
-use super::{Node, RoleState, HEAD_RAYLET_WAIT, STORAGE_BOUND};
+use super::reader::ReadResult;
+use super::{Node, RoleLoop, RoleStatus, Target, HEAD_RAYLET_WAIT, STORAGE_BOUND};
+use argus_supervise::watch::WatchState;
 
 /// Bound of one connection attempt to a GCS address.
 pub(super) const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
@@ -327,19 +329,75 @@ pub(super) fn acquire(ev: &Evidence<'_>) -> Decision {
     }
 }
 
-impl Node {
-    // ---- head ------------------------------------------------------------
+impl RoleLoop for HeadRole {
+    const DRAINS: bool = false;
 
-    pub(super) fn head(&mut self) -> &mut HeadRole {
-        match &mut self.role {
-            RoleState::Head(h) => h,
-            RoleState::Worker(_) => unreachable!("head state on a worker"),
+    fn start(_: &mut Node<Self>) -> Result<(), i32> {
+        Ok(())
+    }
+
+    fn tick(node: &mut Node<Self>) {
+        node.head_tick();
+    }
+
+    fn wake(node: &Node<Self>, at: &mut Instant) {
+        let mut by = |t: Instant| *at = (*at).min(t);
+        if let Some(r) = &node.ray {
+            if !r.serving {
+                by(r.next_check);
+            }
+        }
+        match (node.role.generation, &node.ray) {
+            (None, _) => by(node.next_poll),
+            (Some(_), None) => by(node.start_after),
+            (Some(_), Some(_)) => {
+                if let Some(t) = node.role.next_refresh {
+                    by(t)
+                }
+            }
         }
     }
 
+    fn on_record(_: &mut Node<Self>, _: ReadResult) {
+        // A head reads the record itself when it decides; it runs no reader.
+    }
+
+    fn on_file_events(_: &mut Node<Self>, _: WatchState) {}
+
+    fn on_probed(node: &mut Node<Self>, a: &Probed) {
+        match a.purpose {
+            Purpose::Serving => node.on_serving_probe(a),
+            Purpose::Holder => node.on_holder_probe(a),
+            // A head joins no one.
+            Purpose::Joined => {}
+        }
+    }
+
+    fn on_ray_ended(_: &mut Node<Self>, _: Option<Target>) {}
+
+    fn withdraw_within(node: &mut Node<Self>, bound: Duration) {
+        node.withdraw_within(bound);
+    }
+
+    fn status(node: &Node<Self>) -> RoleStatus {
+        RoleStatus {
+            generation: node.role.generation,
+            head_address: Some(SocketAddr::new(node.ip, node.cfg.ray_port).to_string()),
+            head_instance: node.ray.as_ref().map(|r| r.instance_id.clone()),
+            takeover: node.role.rule.clone(),
+            head_gcs: None,
+            gcs_ft: node.cfg.gcs_ft_redis.is_some(),
+            record_changed_at: node.role.published_at,
+        }
+    }
+}
+
+impl Node<HeadRole> {
+    // ---- head ------------------------------------------------------------
+
     pub(super) fn head_tick(&mut self) {
         let now = Instant::now();
-        if self.head().generation.is_none() {
+        if self.role.generation.is_none() {
             if now >= self.next_poll {
                 self.next_poll = now + self.cfg.poll;
                 self.try_acquire();
@@ -380,7 +438,7 @@ impl Node {
             }
             return;
         }
-        if self.head().next_refresh.is_some_and(|t| now >= t) {
+        if self.role.next_refresh.is_some_and(|t| now >= t) {
             if let Err(Fenced(higher)) = self.publish(HeadState::Running) {
                 self.step_down(higher);
             }
@@ -390,7 +448,7 @@ impl Node {
     /// Logs the entries of `epochs/` that are not the agent's claims, once
     /// per change of that set (they are ignored: hole 5).
     fn note_ignored_claims(&mut self, ignored: &[String]) {
-        let h = self.head();
+        let h = &mut self.role;
         if h.ignored_claims.as_slice() != ignored {
             h.ignored_claims = ignored.to_vec();
             if !ignored.is_empty() {
@@ -406,7 +464,7 @@ impl Node {
             "another head claimed a higher generation; stepping down to standby"
         );
         self.stop_ray_now("fenced by a newer head");
-        let h = self.head();
+        let h = &mut self.role;
         h.generation = None;
         h.published = false;
         h.probes = Probes::default();
@@ -429,9 +487,7 @@ impl Node {
     /// or an inconclusive answer is judged at once (with a fresh read), a
     /// live holder at the next poll.
     pub(super) fn on_holder_probe(&mut self, a: &Probed) {
-        let RoleState::Head(h) = &mut self.role else {
-            return;
-        };
+        let h = &mut self.role;
         if h.generation.is_some() {
             return;
         }
@@ -506,9 +562,7 @@ impl Node {
             self.lease.unchanged_for(now),
             self.lease.is_missing(),
         );
-        let RoleState::Head(h) = &mut self.role else {
-            return;
-        };
+        let h = &mut self.role;
         if let Some(rec) = &current {
             h.last_good = Some(rec.clone());
         }
@@ -550,10 +604,10 @@ impl Node {
                     _ => {}
                 }
                 let why = rule.to_string();
-                if self.state != NodeState::Standby || self.head().rule.as_deref() != Some(&why) {
+                if self.state != NodeState::Standby || self.role.rule.as_deref() != Some(&why) {
                     info!(rule = %why, "standby: not taking over");
                 }
-                self.head().rule = Some(why.clone());
+                self.role.rule = Some(why.clone());
                 self.set_state(NodeState::Standby, why);
                 return;
             }
@@ -585,7 +639,7 @@ impl Node {
             Ok(true) => {
                 info!(generation = next, rule = %rule, "claimed head generation");
                 argus_telemetry::metrics::takeover(rule.label());
-                let h = self.head();
+                let h = &mut self.role;
                 h.generation = Some(next);
                 h.seq = prev_seq;
                 h.probes = Probes::default();
@@ -633,7 +687,7 @@ impl Node {
         );
         let path = self.cfg.head_file.clone();
         let gcs_ft = self.cfg.gcs_ft_redis.is_some();
-        let h = self.head();
+        let h = &mut self.role;
         let Some(generation) = h.generation else {
             return Ok(());
         };
@@ -691,7 +745,7 @@ impl Node {
                 return Ok(());
             }
         };
-        let h = self.head();
+        let h = &mut self.role;
         match written {
             Ok(()) => {
                 h.pruned = true;
@@ -711,14 +765,11 @@ impl Node {
         Ok(())
     }
 
-    /// Head: marks the record stopped at once (R-HEAD-4).
-    pub(super) fn withdraw(&mut self) {
-        self.withdraw_within(STORAGE_BOUND);
-    }
-
-    /// [`Self::withdraw`], waiting for the storage at most `bound`.
+    /// Marks the record stopped at once (R-HEAD-4), waiting for the
+    /// storage at most `bound`.
     pub(super) fn withdraw_within(&mut self, bound: Duration) {
-        if let RoleState::Head(h) = &mut self.role {
+        let h = &mut self.role;
+        {
             if h.published {
                 h.next_refresh = None;
                 h.published = false;

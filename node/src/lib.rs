@@ -20,7 +20,7 @@
 //! `head.rs` and `worker.rs` hold each role's state and decisions.
 
 use std::collections::VecDeque;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -30,7 +30,7 @@ use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 use argus_config::{Config, Role};
 use argus_supervise::backoff::Backoff;
@@ -76,7 +76,7 @@ mod worker;
 
 use head::HeadRole;
 use janitor::Janitor;
-use probe::{Probed, Prober, Purpose};
+use probe::{Probed, Prober};
 use ray::RayRun;
 use reader::{ReadResult, RecordReader};
 use worker::WorkerRole;
@@ -129,13 +129,84 @@ impl std::fmt::Display for Target {
     }
 }
 
-enum RoleState {
-    Head(Box<HeadRole>),
-    Worker(Box<WorkerRole>),
+/// What the loop asks of the node's role. The role's state is the type
+/// parameter of [`Node`]: the head's loop owns a [`HeadRole`] (head.rs),
+/// the worker's a [`WorkerRole`] (worker.rs), and each role's functions
+/// take their own state; nothing asks at run time which role it is.
+pub(crate) trait RoleLoop: Sized {
+    /// Whether a SIGTERM may start a drain (workers: R-SERVE-4).
+    const DRAINS: bool;
+    /// Starts what the role runs beside the loop; an exit code when it
+    /// cannot.
+    fn start(node: &mut Node<Self>) -> Result<(), i32>;
+    /// The role's decisions of one loop turn.
+    fn tick(node: &mut Node<Self>);
+    /// Lowers `at` to the instant the role must look again.
+    fn wake(node: &Node<Self>, at: &mut Instant);
+    /// A read of the head record (the worker's reader).
+    fn on_record(node: &mut Node<Self>, read: ReadResult);
+    /// What file events the record reader set up.
+    fn on_file_events(node: &mut Node<Self>, state: argus_supervise::watch::WatchState);
+    /// A connection probe's answer.
+    fn on_probed(node: &mut Node<Self>, a: &Probed);
+    /// Ray ended on its own (not by the agent); `joined` is the head it was
+    /// joined to.
+    fn on_ray_ended(node: &mut Node<Self>, joined: Option<Target>);
+    /// Takes back what the role published, waiting for the storage at most
+    /// `bound` (the head's record; nothing for a worker).
+    fn withdraw_within(node: &mut Node<Self>, bound: Duration);
+    /// The role's part of the status file and metrics.
+    fn status(node: &Node<Self>) -> RoleStatus;
 }
 
-/// The node agent's state.
-pub struct Node {
+/// The role's part of the status: the head it is or follows, and why.
+pub(crate) struct RoleStatus {
+    generation: Option<u64>,
+    head_address: Option<String>,
+    head_instance: Option<String>,
+    takeover: Option<String>,
+    head_gcs: Option<String>,
+    gcs_ft: bool,
+    record_changed_at: Option<Instant>,
+}
+
+/// The node agent, as the binary holds it until [`NodeAgent::run`] gives
+/// it its role.
+pub struct NodeAgent(Node);
+
+impl NodeAgent {
+    /// Creates the node; `stop` is the run's stop handle (the signal route
+    /// requests it and sends the signal as an [`Event`] too).
+    pub fn new(cfg: Config, ip: IpAddr, ip_source: IpSource, stop: Stop) -> Self {
+        Self(Node::new(cfg, ip, ip_source, stop))
+    }
+
+    /// Returns the drain gate: the signal route asks it whether a SIGTERM
+    /// starts a drain (see [`DrainGate::defer`]) instead of the stop.
+    pub fn drain_gate(&self) -> DrainGate {
+        self.0.drain_gate.clone()
+    }
+
+    /// Adds variables to Ray's environment (e.g. from preflight).
+    pub fn add_ray_env(&mut self, env: Vec<(String, String)>) {
+        self.0.extra_env.extend(env);
+    }
+
+    /// Returns a sender for events (tests and the signal route use it).
+    pub fn events(&self) -> Sender<Event> {
+        self.0.tx.clone()
+    }
+
+    /// Runs until stopped; returns the process exit code. Signals reach
+    /// the loop as events sent by the caller's signal route.
+    pub fn run(self) -> i32 {
+        self.0.run()
+    }
+}
+
+/// The node agent's state; `R` is the role's own state, chosen once from
+/// the configuration when the loop starts ([`Node::run`]).
+pub(crate) struct Node<R = ()> {
     cfg: Config,
     ip: IpAddr,
     ip_source: IpSource,
@@ -171,7 +242,7 @@ pub struct Node {
     watch_state: argus_supervise::watch::WatchState,
     /// Worker: reads the record on its own thread.
     reader: Option<RecordReader>,
-    role: RoleState,
+    role: R,
     /// Shared-storage I/O runs here, never on the loop itself.
     storage: Storage,
     /// The last storage failure was logged (once per outage).
@@ -194,19 +265,13 @@ pub struct Node {
 }
 
 impl Node {
-    /// Creates the node; `stop` is the run's stop handle (the signal route
-    /// requests it and sends the signal as an [`Event`] too).
-    pub fn new(cfg: Config, ip: IpAddr, ip_source: IpSource, stop: Stop) -> Self {
+    fn new(cfg: Config, ip: IpAddr, ip_source: IpSource, stop: Stop) -> Self {
         let (tx, rx) = mpsc::channel();
         let host = hostname::get()
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "unknown".into());
         let holder_id = format!("{host}/{}/{}", std::process::id(), short_id());
         let now = Instant::now();
-        let role = match cfg.role {
-            Role::Head => RoleState::Head(Box::default()),
-            Role::Worker => RoleState::Worker(Box::default()),
-        };
         Self {
             backoff: Backoff::new(cfg.backoff_min, cfg.backoff_max, cfg.stable_run),
             cfg,
@@ -237,7 +302,7 @@ impl Node {
             next_poll: now,
             watch_state: argus_supervise::watch::WatchState::Off,
             reader: None,
-            role,
+            role: (),
             storage: Storage::start(),
             storage_hung_logged: false,
             janitor: None,
@@ -253,25 +318,67 @@ impl Node {
         }
     }
 
-    /// Returns the drain gate: the signal route asks it whether a SIGTERM
-    /// starts a drain (see [`DrainGate::defer`]) instead of the stop.
-    pub fn drain_gate(&self) -> DrainGate {
-        self.drain_gate.clone()
+    /// Runs the loop with the role's state, made here, once, from the
+    /// configuration.
+    fn run(self) -> i32 {
+        match self.cfg.role {
+            Role::Head => self.with_role(HeadRole::default()).run_loop(),
+            Role::Worker => self.with_role(WorkerRole::default()).run_loop(),
+        }
     }
 
-    /// Adds variables to Ray's environment (e.g. from preflight).
-    pub fn add_ray_env(&mut self, env: Vec<(String, String)>) {
-        self.extra_env.extend(env);
+    /// Returns this node with the role state `role`.
+    fn with_role<S>(self, role: S) -> Node<S> {
+        Node {
+            cfg: self.cfg,
+            ip: self.ip,
+            ip_source: self.ip_source,
+            holder_id: self.holder_id,
+            extra_env: self.extra_env,
+            tx: self.tx,
+            rx: self.rx,
+            pending: self.pending,
+            ray: self.ray,
+            runs: self.runs,
+            backoff: self.backoff,
+            start_after: self.start_after,
+            restarts: self.restarts,
+            last_exit: self.last_exit,
+            tree: self.tree,
+            last_watch: self.last_watch,
+            rng: self.rng,
+            state: self.state,
+            reason: self.reason,
+            state_since: self.state_since,
+            last_status: self.last_status,
+            last_wait_log: self.last_wait_log,
+            stop: self.stop,
+            wake_at: self.wake_at,
+            lease: self.lease,
+            record: self.record,
+            record_error: self.record_error,
+            next_poll: self.next_poll,
+            watch_state: self.watch_state,
+            reader: self.reader,
+            storage: self.storage,
+            storage_hung_logged: self.storage_hung_logged,
+            janitor: self.janitor,
+            prober: self.prober,
+            actor_reaper: self.actor_reaper,
+            drain_gate: self.drain_gate,
+            drain: self.drain,
+            drain_wake: self.drain_wake,
+            helper: self.helper,
+            lb_agent: self.lb_agent,
+            serve_proxy: self.serve_proxy,
+            role,
+        }
     }
+}
 
-    /// Returns a sender for events (tests and the signal route use it).
-    pub fn events(&self) -> Sender<Event> {
-        self.tx.clone()
-    }
-
-    /// Runs until stopped; returns the process exit code. Signals reach
-    /// the loop as events sent by the caller's signal route.
-    pub fn run(mut self) -> i32 {
+impl<R: RoleLoop> Node<R> {
+    /// The loop: events, the stop, the role's tick, the next wake-up.
+    fn run_loop(mut self) -> i32 {
         info!(
             role = %self.cfg.role,
             node_ip = %self.ip,
@@ -282,20 +389,8 @@ impl Node {
         );
         self.write_status();
         self.janitor = Some(Janitor::start(&self.stop));
-        if matches!(self.role, RoleState::Worker(_)) {
-            self.actor_reaper = Some(actor_reaper::ActorReaper::start(
-                self.cfg.ray_user.clone(),
-                &self.stop,
-            ));
-            self.start_serve_watch();
-            let path = self.cfg.head_file.clone();
-            match RecordReader::start(path, self.cfg.poll, self.cfg.file_events, self.tx.clone()) {
-                Ok(r) => self.reader = Some(r),
-                Err(e) => {
-                    error!(error = %e, "cannot start the head record's reader thread");
-                    return 1;
-                }
-            }
+        if let Err(code) = R::start(&mut self) {
+            return code;
         }
         loop {
             let ev = match self.pending.pop_front() {
@@ -342,8 +437,8 @@ impl Node {
             Event::RayExited { run, exit } => self.on_ray_exit(run, exit),
             // Draining: no role decision (a rejoin, a restart) any more.
             Event::Record(_) if self.drain.is_some() => {}
-            Event::Record(read) => self.on_record(*read),
-            Event::FileEvents(state) => self.on_file_events(state),
+            Event::Record(read) => R::on_record(self, *read),
+            Event::FileEvents(state) => R::on_file_events(self, state),
             Event::DaemonExited { run, name, pid } => self.on_daemon_exit(run, name, pid),
             Event::Drain(input) => {
                 if let Some(d) = self.drain.as_mut() {
@@ -360,11 +455,7 @@ impl Node {
             Event::Probed(a) if self.drain.is_some() => self.prober.answered(a.purpose),
             Event::Probed(a) => {
                 self.prober.answered(a.purpose);
-                match a.purpose {
-                    Purpose::Serving => self.on_serving_probe(&a),
-                    Purpose::Holder => self.on_holder_probe(&a),
-                    Purpose::Joined => self.on_joined_probe(&a),
-                }
+                R::on_probed(self, &a);
             }
         }
     }
@@ -387,30 +478,8 @@ impl Node {
             if r.scanned() {
                 by(self.last_watch + WATCH_EVERY);
             }
-            if matches!(self.role, RoleState::Head(_)) && !r.serving {
-                by(r.next_check);
-            }
         }
-        match &self.role {
-            RoleState::Head(h) => match (h.generation, &self.ray) {
-                (None, _) => by(self.next_poll),
-                (Some(_), None) => by(self.start_after),
-                (Some(_), Some(_)) => {
-                    if let Some(t) = h.next_refresh {
-                        by(t)
-                    }
-                }
-            },
-            RoleState::Worker(w) => {
-                // A read under way is judged hung after STORAGE_BOUND.
-                if let Some(since) = self.reader.as_ref().and_then(RecordReader::reading_since) {
-                    by(since + STORAGE_BOUND);
-                }
-                if self.ray.is_none() && (w.desired.is_some() || self.state == NodeState::Backoff) {
-                    by(self.start_after);
-                }
-            }
-        }
+        R::wake(self, &mut at);
         at.max(now)
     }
 
@@ -426,16 +495,10 @@ impl Node {
             // Draining: no role decision (a rejoin, a restart) any more.
             self.drain_step();
         } else {
-            match self.role {
-                RoleState::Head(_) => self.head_tick(),
-                RoleState::Worker(_) => self.worker_tick(),
-            }
+            R::tick(self);
         }
-        self.drain_gate.arm(
-            self.cfg.drain.enabled
-                && matches!(self.role, RoleState::Worker(_))
-                && self.ray.is_some(),
-        );
+        self.drain_gate
+            .arm(self.cfg.drain.enabled && R::DRAINS && self.ray.is_some());
         if self
             .last_status
             .is_none_or(|t| t.elapsed() >= status::HEARTBEAT)
@@ -470,7 +533,7 @@ impl Node {
         }
         // R-PID-4 / R-SHIM-4: no engine container outlives the node; the
         // janitor thread started removing them when the stop was requested.
-        self.withdraw_within(WITHDRAW_BOUND);
+        R::withdraw_within(&mut self, WITHDRAW_BOUND);
         if let Some((pid, run)) = ray {
             let grace_end = (t0 + self.cfg.stop_grace).min(budget_end - STOP_RESERVE);
             let grace = grace_end.saturating_duration_since(Instant::now());
@@ -543,19 +606,7 @@ impl Node {
     fn write_status(&mut self) {
         self.last_status = Some(Instant::now());
         let now = Instant::now();
-        let (generation, head_address, head_instance) = match (&self.role, &self.record) {
-            (RoleState::Head(h), _) => (
-                h.generation,
-                Some(SocketAddr::new(self.ip, self.cfg.ray_port).to_string()),
-                self.ray.as_ref().map(|r| r.instance_id.clone()),
-            ),
-            (RoleState::Worker(_), Some(r)) => (
-                Some(r.generation),
-                Some(r.gcs_address()),
-                Some(r.instance_id.clone()),
-            ),
-            (RoleState::Worker(_), None) => (None, None, None),
-        };
+        let role = R::status(self);
         let st = Status {
             role: self.cfg.role.to_string(),
             state: self.state,
@@ -564,9 +615,9 @@ impl Node {
             agent_pid: std::process::id(),
             node_ip: self.ip.to_string(),
             node_ip_source: self.ip_source.to_string(),
-            head_address,
-            head_instance_id: head_instance,
-            head_generation: generation,
+            head_address: role.head_address,
+            head_instance_id: role.head_instance,
+            head_generation: role.generation,
             head_record_age_s: self
                 .lease
                 .changed_at()
@@ -579,18 +630,9 @@ impl Node {
             last_exit: self.last_exit.clone(),
             next_restart_in_s: (self.ray.is_none() && self.start_after > now)
                 .then(|| (self.start_after - now).as_secs_f64()),
-            takeover: match &self.role {
-                RoleState::Head(h) => h.rule.clone(),
-                RoleState::Worker(_) => None,
-            },
-            head_gcs: match &self.role {
-                RoleState::Worker(w) => w.gcs_note.clone(),
-                RoleState::Head(_) => None,
-            },
-            gcs_ft: match &self.role {
-                RoleState::Head(_) => self.cfg.gcs_ft_redis.is_some(),
-                RoleState::Worker(_) => self.record.as_ref().is_some_and(|r| r.gcs_ft),
-            },
+            takeover: role.takeover,
+            head_gcs: role.head_gcs,
+            gcs_ft: role.gcs_ft,
             file_events: self.watch_state.to_string(),
             serve_proxy: self
                 .serve_proxy
@@ -600,11 +642,7 @@ impl Node {
         if let Err(e) = status::write(&self.cfg.state_dir, &st) {
             warn!(error = %e, "cannot write status file");
         }
-        let record_changed_at = match &self.role {
-            RoleState::Head(h) => h.published_at,
-            RoleState::Worker(_) => self.lease.changed_at(),
-        };
-        argus_telemetry::metrics::set_head(st.head_generation, record_changed_at);
+        argus_telemetry::metrics::set_head(st.head_generation, role.record_changed_at);
         argus_telemetry::metrics::set_failures(st.consecutive_failures, st.crash_loop);
         if let Err(e) = argus_telemetry::metrics::write_snapshot(&self.cfg.state_dir) {
             debug!(error = %e, "cannot write the metrics snapshot");

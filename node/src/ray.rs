@@ -57,7 +57,7 @@ impl RayRun {
     }
 }
 
-impl Node {
+impl<R: super::RoleLoop> Node<R> {
     // ---- Ray child -------------------------------------------------------
 
     pub(super) fn ray_args(&self, target: Option<&Target>) -> Vec<String> {
@@ -262,14 +262,12 @@ impl Node {
             Exit::Signal(_) => RayExitKind::Signal,
         });
         self.after_ray_ended(exit, ran, true);
-        if matches!(self.role, super::RoleState::Worker(_)) {
-            self.on_worker_ray_exit(joined);
-        }
+        R::on_ray_ended(self, joined);
     }
 
     /// Withdraws (head) and schedules the restart with backoff.
     pub(super) fn after_ray_ended(&mut self, exit: Exit, ran: Duration, count: bool) {
-        self.withdraw();
+        R::withdraw_within(self, super::STORAGE_BOUND);
         let delay = self.backoff.next_delay(ran, &mut self.rng);
         self.start_after = Instant::now() + delay;
         if count {

@@ -14,7 +14,7 @@ use argus_telemetry::status::NodeState;
 use super::head::{self, Probe};
 use super::probe::{Probed, Purpose};
 use super::reader::{ReadResult, RecordReader};
-use super::{Node, RoleState, Target, STORAGE_BOUND, WAIT_LOG_EVERY};
+use super::{Node, RoleLoop, RoleStatus, Target, STORAGE_BOUND, WAIT_LOG_EVERY};
 
 #[derive(Default)]
 pub(super) struct WorkerRole {
@@ -47,14 +47,86 @@ pub(super) struct Held {
     pub(super) why: String,
 }
 
-impl Node {
+impl RoleLoop for WorkerRole {
+    const DRAINS: bool = true;
+
+    fn start(node: &mut Node<Self>) -> Result<(), i32> {
+        node.start_worker()
+    }
+
+    fn tick(node: &mut Node<Self>) {
+        node.worker_tick();
+    }
+
+    fn wake(node: &Node<Self>, at: &mut Instant) {
+        let mut by = |t: Instant| *at = (*at).min(t);
+        // A read under way is judged hung after STORAGE_BOUND.
+        if let Some(since) = node.reader.as_ref().and_then(RecordReader::reading_since) {
+            by(since + STORAGE_BOUND);
+        }
+        if node.ray.is_none() && (node.role.desired.is_some() || node.state == NodeState::Backoff) {
+            by(node.start_after);
+        }
+    }
+
+    fn on_record(node: &mut Node<Self>, read: ReadResult) {
+        node.on_record(read);
+    }
+
+    fn on_file_events(node: &mut Node<Self>, state: WatchState) {
+        node.on_file_events(state);
+    }
+
+    fn on_probed(node: &mut Node<Self>, a: &Probed) {
+        match a.purpose {
+            Purpose::Joined => node.on_joined_probe(a),
+            // A worker probes only the head it joined.
+            Purpose::Serving | Purpose::Holder => {}
+        }
+    }
+
+    fn on_ray_ended(node: &mut Node<Self>, joined: Option<Target>) {
+        node.on_worker_ray_exit(joined);
+    }
+
+    fn withdraw_within(_: &mut Node<Self>, _: Duration) {
+        // A worker publishes nothing.
+    }
+
+    fn status(node: &Node<Self>) -> RoleStatus {
+        let record = node.record.as_ref();
+        RoleStatus {
+            generation: record.map(|r| r.generation),
+            head_address: record.map(|r| r.gcs_address()),
+            head_instance: record.map(|r| r.instance_id.clone()),
+            takeover: None,
+            head_gcs: node.role.gcs_note.clone(),
+            gcs_ft: record.is_some_and(|r| r.gcs_ft),
+            record_changed_at: node.lease.changed_at(),
+        }
+    }
+}
+
+impl Node<WorkerRole> {
     // ---- worker ----------------------------------------------------------
 
-    pub(super) fn worker(&mut self) -> &mut WorkerRole {
-        match &mut self.role {
-            RoleState::Worker(w) => w,
-            RoleState::Head(_) => unreachable!("worker state on a head"),
+    /// Starts the worker's helpers: the dead-actor reaper, the Serve
+    /// proxy's watch and the head record's reader thread.
+    fn start_worker(&mut self) -> Result<(), i32> {
+        self.actor_reaper = Some(super::actor_reaper::ActorReaper::start(
+            self.cfg.ray_user.clone(),
+            &self.stop,
+        ));
+        self.start_serve_watch();
+        let path = self.cfg.head_file.clone();
+        match RecordReader::start(path, self.cfg.poll, self.cfg.file_events, self.tx.clone()) {
+            Ok(r) => self.reader = Some(r),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the head record's reader thread");
+                return Err(1);
+            }
         }
+        Ok(())
     }
 
     /// Notes what file events the reader set up (status `file_events`).
@@ -80,14 +152,14 @@ impl Node {
             Ok((rec, raw)) => {
                 self.lease.observe(&raw, now);
                 self.record_error = None;
-                let max = self.worker().max_generation;
+                let max = self.role.max_generation;
                 if rec.generation < max {
                     self.record_error = Some(format!(
                         "record of generation {} is older than generation {max} already seen (a fenced head?)",
                         rec.generation
                     ));
                 } else {
-                    self.worker().max_generation = rec.generation;
+                    self.role.max_generation = rec.generation;
                     if let Some(skew) = rec.wall_age(SystemTime::now()) {
                         if skew.abs() > 30.0 + rec.ttl_s {
                             debug!(skew_s = skew, "head's clock and ours disagree (harmless: freshness uses our monotonic clock)");
@@ -146,7 +218,7 @@ impl Node {
         // One line per poll: what the worker saw (tests wait on it as
         // evidence that a poll happened).
         debug!(fresh, wanted = desired.is_some(), error = ?self.record_error, "head record polled");
-        self.worker().desired = desired;
+        self.role.desired = desired;
     }
 
     pub(super) fn worker_tick(&mut self) {
@@ -165,9 +237,9 @@ impl Node {
             };
             self.storage_failed(&e);
             self.record_error = Some(format!("cannot read the head record: {e}"));
-            self.worker().desired = None;
+            self.role.desired = None;
         }
-        let desired = self.worker().desired.clone();
+        let desired = self.role.desired.clone();
         let joined = self.ray.as_ref().and_then(|r| r.target.clone());
         if self.ray.is_some() {
             self.check_head_gcs(now, joined.as_ref());
@@ -186,7 +258,7 @@ impl Node {
                     if let Some(a) = &self.actor_reaper {
                         a.arm(Some(&t.address));
                     }
-                    self.worker().scheduled = Some(t.clone());
+                    self.role.scheduled = Some(t.clone());
                     self.set_state(
                         NodeState::Running,
                         format!("joined head {t} (rode a head restart through)"),
@@ -220,7 +292,7 @@ impl Node {
             }
             return;
         }
-        if let (Some(t), Some(h)) = (&desired, self.worker().held.clone()) {
+        if let (Some(t), Some(h)) = (&desired, self.role.held.clone()) {
             if &h.target == t && self.lease.changed_at() == h.changed_at {
                 if self.state != NodeState::WaitingForHead {
                     info!(reason = %h.why, "waiting for head");
@@ -229,14 +301,14 @@ impl Node {
                 return;
             }
             debug!("the head's record changed since ray exited; restart no longer held");
-            self.worker().held = None;
+            self.role.held = None;
         }
         match desired {
             Some(t) => {
-                if self.worker().scheduled.as_ref() != Some(&t) {
+                if self.role.scheduled.as_ref() != Some(&t) {
                     // A new head instance resets a backoff earned against
                     // the previous one: join within a poll period + jitter.
-                    if self.worker().scheduled.is_some() {
+                    if self.role.scheduled.is_some() {
                         self.backoff.reset();
                         self.start_after = Instant::now();
                     }
@@ -246,7 +318,7 @@ impl Node {
                     self.last_wait_log = None;
                     // What probes said of the previous Ray's head is no
                     // evidence about this one.
-                    let w = self.worker();
+                    let w = &mut self.role;
                     (w.gcs_down_since, w.next_gcs_probe, w.gcs_reported) = (None, None, false);
                     if let Some(a) = &self.actor_reaper {
                         a.arm(None);
@@ -295,7 +367,7 @@ impl Node {
             .changed_at()
             .map_or(Duration::MAX, |t| now.saturating_duration_since(t));
         let probe_after = self.cfg.poll.max(self.cfg.ttl / 4);
-        let w = self.worker();
+        let w = &mut self.role;
         if quiet < probe_after && w.gcs_down_since.is_none() {
             w.gcs_note = None;
             return;
@@ -318,7 +390,7 @@ impl Node {
             return;
         };
         let (addr, p, now) = (a.addr, a.probe, a.at);
-        let w = self.worker();
+        let w = &mut self.role;
         if p == Probe::Accepts {
             if let Some(since) = w.gcs_down_since.take() {
                 info!(%addr, down_s = since.elapsed().as_secs_f64(), "the head's gcs accepts connections again");
@@ -348,7 +420,7 @@ impl Node {
         if j.gcs_ft && down >= self.cfg.gcs_ft_zombie {
             warn!(%addr, down_s = down.as_secs_f64(), zombie_s = self.cfg.gcs_ft_zombie.as_secs_f64(),
                 "cut off from the GCS past ARGUS_GCS_FT_ZOMBIE_S; restarting ray to rejoin (zombie-worker guard)");
-            let w = self.worker();
+            let w = &mut self.role;
             w.gcs_down_since = None;
             w.scheduled = None;
             argus_telemetry::metrics::rejoin("zombie_guard");
@@ -366,7 +438,7 @@ impl Node {
     /// refresh (the head lives) or a new instance (join it, once).
     pub(super) fn on_worker_ray_exit(&mut self, joined: Option<Target>) {
         let changed_at = self.lease.changed_at();
-        let w = self.worker();
+        let w = &mut self.role;
         let (Some(target), Some(since)) = (joined, w.gcs_down_since) else {
             return;
         };
@@ -394,7 +466,7 @@ impl Node {
             self.start_after = at;
         }
         debug!(target = %t, jitter_ms = jitter.as_millis() as u64, "join scheduled");
-        self.worker().scheduled = Some(t);
+        self.role.scheduled = Some(t);
     }
 }
 

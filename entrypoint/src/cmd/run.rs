@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use argus_config::{Config, Group, Reader, Source};
 use argus_node::preflight::GateError;
-use argus_node::{Event, Node};
+use argus_node::{Event, NodeAgent};
 use argus_supervise::Stop;
 use tracing::{info, warn};
 
@@ -160,7 +160,7 @@ pub fn run(flags: &Flags) -> Outcome {
     // the hook stop them at once (their process groups are killed); later,
     // the node and its threads see the same request.
     let stop = Stop::new();
-    let mut node = Node::new(cfg.clone(), ip, source, stop.clone());
+    let mut node = NodeAgent::new(cfg.clone(), ip, source, stop.clone());
     // The shim (started by the raylet) finds this node's owner id under the
     // same state folder as the agent's janitor, however it was given.
     node.add_ray_env(vec![(
