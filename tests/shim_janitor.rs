@@ -76,7 +76,7 @@ fn runtime_and_docker() -> (tokio::runtime::Runtime, bollard::Docker) {
         .unwrap();
     let docker = rt
         .block_on(argus_podman::docker::connect_to(
-            "unix:///var/run/docker.sock",
+            &argus_podman_core::docker_host::DockerHost::parse(None),
         ))
         .unwrap();
     (rt, docker)

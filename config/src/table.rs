@@ -273,7 +273,7 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_METRICS_LINGER_S", N, Kind::Seconds { min: 0.1 }, Value("30"), "with ARGUS_METRICS_PORT: how long a failed preflight keeps serving its metrics before the agent exits"),
     var("ARGUS_RAY_BIN", N, Kind::Program, Value("ray"), "the Ray CLI"),
     var("ARGUS_RAY_USER", N, Kind::Text, Unset("(the agent's user)"), "user Ray's tree and the pre-start hook run as (`user`, `uid`, `uid:gid`, `user:group`); the agent must be root to use another"),
-    var("ARGUS_STATE_DIR", N, Kind::Path, Value("/run/argus"), "where status.json lives (local, not shared)"),
+    var("ARGUS_STATE_DIR", N, Kind::Path, Value(DEFAULT_STATE_DIR), "where status.json lives (local, not shared)"),
     var("ARGUS_RESTART_BACKOFF_MIN_S", N, Kind::Seconds { min: 0.1 }, Value("1"), "first restart delay"),
     var("ARGUS_RESTART_BACKOFF_MAX_S", N, Kind::Seconds { min: 0.1 }, Value("60"), "restart delay cap"),
     var("ARGUS_STABLE_RUN_S", N, Kind::Seconds { min: 0.1 }, Value("60"), "a run this long resets the backoff"),
@@ -616,5 +616,41 @@ impl std::fmt::Display for Role {
             Role::Head => "head",
             Role::Worker => "worker",
         })
+    }
+}
+
+/// The node's local state folder when `ARGUS_STATE_DIR` is unset.
+pub const DEFAULT_STATE_DIR: &str = "/run/argus";
+
+/// Returns the state folder that the value of `ARGUS_STATE_DIR` names, for
+/// a process that has no [`Reader`] and must not fail on it (the `podman`
+/// shim, which finds its node's agent there): an absolute path, else
+/// [`DEFAULT_STATE_DIR`]. The agent itself reads the variable through the
+/// reader, which refuses a relative path (exit 78).
+pub fn state_dir_or_default(value: Option<&str>) -> std::path::PathBuf {
+    value
+        .filter(|v| v.starts_with('/'))
+        .unwrap_or(DEFAULT_STATE_DIR)
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shims_state_folder_is_an_absolute_value_or_the_default() {
+        assert_eq!(state_dir_or_default(Some("/run/a")), Path::new("/run/a"));
+        for v in [None, Some(""), Some("run/a"), Some("./x")] {
+            assert_eq!(
+                state_dir_or_default(v),
+                Path::new(DEFAULT_STATE_DIR),
+                "{v:?}"
+            );
+        }
+        assert_eq!(
+            lookup_var("ARGUS_STATE_DIR").default.to_string(),
+            DEFAULT_STATE_DIR
+        );
     }
 }

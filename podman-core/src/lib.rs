@@ -15,6 +15,7 @@
 //! argus-telemetry, argus-config.
 
 pub mod args;
+pub mod docker_host;
 pub mod labels;
 pub mod policy;
 pub mod selfid;

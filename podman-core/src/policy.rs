@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use bollard::models::{ContainerCreateBody, HostConfig};
 
 use crate::args::{run_flag, Rule, RunOpts, Volume};
+use crate::docker_host::DockerHost;
 use crate::labels::LABEL_PREFIX;
 use crate::selfid::{normalize, to_host, Gpus, HostPath, Limits, SelfContainer};
 use crate::translate::Plan;
@@ -510,10 +511,10 @@ impl Policy {
             "/var/run/docker.sock".to_string(),
             "/run/docker.sock".to_string(),
         ];
-        if let Some(h) =
-            get("DOCKER_HOST").and_then(|h| h.strip_prefix("unix://").map(str::to_string))
-        {
-            docker_sockets.push(h);
+        if let Some(h) = DockerHost::parse(get("DOCKER_HOST").as_deref()).socket_path() {
+            if !docker_sockets.iter().any(|s| s == h) {
+                docker_sockets.push(h.to_string());
+            }
         }
         Ok(Policy {
             relaxed,

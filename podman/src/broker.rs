@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
+use argus_podman_core::docker_host::DockerHost;
+
 use super::client::SOCKET;
 use super::handler::CONNECTION_FD;
 use super::report::{self, REPORT_FD};
@@ -288,12 +290,9 @@ pub const SOCKET_FOLDER: &str = "/run/argus-docker";
 /// not: the folder that really holds it (links resolved) must be root's and
 /// give its group and others no search (x) right. `None` when the socket is
 /// safe, is not a unix socket, or does not exist (then nothing can reach it).
-pub fn socket_folder_problem(docker_host: Option<&str>) -> Option<String> {
+pub fn socket_folder_problem(docker_host: &DockerHost) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    let path = match docker_host {
-        Some(h) => h.strip_prefix("unix://")?.to_string(),
-        None => "/var/run/docker.sock".into(),
-    };
+    let path = docker_host.socket_path()?;
     let real = std::fs::canonicalize(&path).ok()?;
     let folder = real.parent()?;
     let meta = std::fs::metadata(folder).ok()?;
@@ -310,17 +309,11 @@ pub fn socket_folder_problem(docker_host: Option<&str>) -> Option<String> {
 
 /// Returns the warnings about this node's Docker socket: the agent cannot
 /// open it, or Ray's user can (then any Ray task is root on the host).
-pub fn socket_warnings(docker_host: Option<&str>, ray_uid: u32, ray_gid: u32) -> Vec<String> {
-    let path = match docker_host {
-        Some(h) => match h.strip_prefix("unix://") {
-            Some(p) => p.to_string(),
-            None => {
-                return vec![format!(
-                    "DOCKER_HOST={h} is not a unix socket: anything that can reach that address can use the daemon, Ray's user included"
-                )]
-            }
-        },
-        None => "/var/run/docker.sock".into(),
+pub fn socket_warnings(docker_host: &DockerHost, ray_uid: u32, ray_gid: u32) -> Vec<String> {
+    let Some(path) = docker_host.socket_path() else {
+        return vec![format!(
+            "DOCKER_HOST={docker_host} is not a unix socket: anything that can reach that address can use the daemon, Ray's user included"
+        )];
     };
     let Ok(meta) = std::fs::metadata(&path) else {
         return vec![];
@@ -373,7 +366,7 @@ mod tests {
         ] {
             std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(mode)).unwrap();
             assert_eq!(
-                socket_folder_problem(Some(&host)).is_none(),
+                socket_folder_problem(&DockerHost::parse(Some(host.as_str()))).is_none(),
                 safe,
                 "mode {mode:o}"
             );
@@ -385,14 +378,17 @@ mod tests {
         std::fs::set_permissions(&safe, std::fs::Permissions::from_mode(0o700)).unwrap();
         std::os::unix::fs::symlink(&sock, safe.join("docker.sock")).unwrap();
         let via_link = format!("unix://{}/docker.sock", safe.display());
-        assert!(socket_folder_problem(Some(&via_link)).is_some());
+        assert!(socket_folder_problem(&DockerHost::parse(Some(via_link.as_str()))).is_some());
         // A folder of another owner, even 0700, is not root's alone.
         std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o700)).unwrap();
         nix::unistd::chown(&folder, Some(nix::unistd::Uid::from_raw(1000)), None).unwrap();
-        assert!(socket_folder_problem(Some(&host)).is_some());
+        assert!(socket_folder_problem(&DockerHost::parse(Some(host.as_str()))).is_some());
         // Not a unix socket, or missing: nothing to say here.
-        assert!(socket_folder_problem(Some("tcp://127.0.0.1:2375")).is_none());
-        assert!(socket_folder_problem(Some("unix:///nonexistent/docker.sock")).is_none());
+        assert!(socket_folder_problem(&DockerHost::parse(Some("tcp://127.0.0.1:2375"))).is_none());
+        assert!(
+            socket_folder_problem(&DockerHost::parse(Some("unix:///nonexistent/docker.sock")))
+                .is_none()
+        );
     }
 
     #[test]

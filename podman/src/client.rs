@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use nix::sys::signal::{SigSet, Signal};
 
 use super::runner::FORWARDED;
-use super::settings::DEFAULT_STATE_DIR;
 use super::transport::{self, Request, ToAgent, ToClient};
 use super::EXIT_SHIM;
 
@@ -25,8 +24,7 @@ pub const SOCKET: &str = "shim.sock";
 /// (the agent puts `ARGUS_STATE_DIR` in Ray's environment). A job that moves
 /// it only talks to a server of its own, which has no Docker socket.
 pub fn socket_path() -> PathBuf {
-    let dir = std::env::var("ARGUS_STATE_DIR").unwrap_or_else(|_| DEFAULT_STATE_DIR.into());
-    Path::new(&dir).join(SOCKET)
+    crate::owner::state_dir().join(SOCKET)
 }
 
 /// Runs the call through the node agent and returns its exit code; None

@@ -5,24 +5,14 @@ use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use bollard::Docker;
 
 use super::ShimError;
+use argus_podman_core::docker_host::DockerHost;
 use argus_podman_core::selfid;
 use argus_podman_core::selfid::SelfContainer;
 
-/// The default daemon address.
-pub const DEFAULT_SOCKET: &str = "unix:///var/run/docker.sock";
-
-/// Returns the daemon address: `DOCKER_HOST` or the default socket.
-pub fn address() -> String {
-    std::env::var("DOCKER_HOST")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| DEFAULT_SOCKET.into())
-}
-
-/// Returns the unix socket path of `addr`, if it is one.
-pub fn socket_path(addr: &str) -> Option<&str> {
-    addr.strip_prefix("unix://")
-        .or_else(|| addr.starts_with('/').then_some(addr))
+/// Returns the daemon this shim process talks to: its `DOCKER_HOST` (the
+/// node's, once the node's settings are in force), else the default socket.
+pub fn host() -> DockerHost {
+    DockerHost::parse(std::env::var("DOCKER_HOST").ok().as_deref())
 }
 
 /// The node's Docker socket as the handler opened it while still root:
@@ -68,12 +58,13 @@ fn connect_path(path: &str) -> String {
 
 /// Connects to `addr` and negotiates the API version down to the daemon's
 /// (bollard speaks 1.49; this machine's 20.10 daemon speaks 1.41).
-pub async fn connect_to(addr: &str) -> Result<Docker, ShimError> {
+pub async fn connect_to(host: &DockerHost) -> Result<Docker, ShimError> {
+    let addr = host.address();
     let err = |source| ShimError::Connect {
         addr: addr.to_string(),
         source,
     };
-    let docker = if let Some(path) = socket_path(addr) {
+    let docker = if let Some(path) = host.socket_path() {
         Docker::connect_with_unix(&connect_path(path), 120, bollard::API_DEFAULT_VERSION)
             .map_err(err)?
     } else if addr.starts_with("tcp://") || addr.starts_with("http://") {
@@ -86,9 +77,9 @@ pub async fn connect_to(addr: &str) -> Result<Docker, ShimError> {
     docker.negotiate_version().await.map_err(err)
 }
 
-/// Connects to the daemon at [`address`].
+/// Connects to the daemon at [`host`].
 pub async fn connect() -> Result<Docker, ShimError> {
-    connect_to(&address()).await
+    connect_to(&host()).await
 }
 
 /// Returns true if and only if `e` is the daemon's 404.
@@ -320,7 +311,7 @@ pub async fn whoami(docker: &Docker) -> Result<Option<SelfContainer>, ShimError>
     }
     Err(ShimError::NoSelf {
         candidates,
-        addr: address(),
+        addr: host().to_string(),
     })
 }
 
@@ -423,12 +414,5 @@ mod tests {
         assert!(is_full_id(&"0a".repeat(32)));
         assert!(!is_full_id(&"0A".repeat(32)));
         assert!(!is_full_id(&"0a".repeat(31)));
-    }
-
-    #[test]
-    fn socket_paths() {
-        assert_eq!(socket_path("unix:///x/d.sock"), Some("/x/d.sock"));
-        assert_eq!(socket_path("/x/d.sock"), Some("/x/d.sock"));
-        assert_eq!(socket_path("tcp://1.2.3.4:2375"), None);
     }
 }

@@ -32,6 +32,7 @@ use super::runner::FORWARDED;
 use super::settings::NodeSettings;
 use super::transport::{self, Request, ToAgent, ToClient};
 use super::EXIT_SHIM;
+use argus_podman_core::docker_host::DockerHost;
 use argus_supervise::privs;
 
 /// The descriptor the broker passes the connection on.
@@ -92,11 +93,7 @@ fn become_client(sock: &UnixStream, settings: &Path) -> Result<Vec<String>, Stri
     if nix::unistd::geteuid().is_root() && uid != 0 {
         let socket_gid = docker_socket_gid(&node);
         // While still root: the socket's folder is root's alone.
-        if let Some(path) = node
-            .values
-            .get("DOCKER_HOST")
-            .map_or(Some("/var/run/docker.sock"), |h| h.strip_prefix("unix://"))
-        {
+        if let Some(path) = node_docker_host(&node).socket_path() {
             if let Err(e) = super::docker::hold_socket(path) {
                 return Err(format!("cannot open the Docker socket {path}: {e}"));
             }
@@ -208,11 +205,13 @@ fn groups_of(pid: i32, uid: u32) -> Result<Vec<u32>, String> {
 /// Returns the group of this node's Docker socket (from its settings).
 pub fn docker_socket_gid(node: &NodeSettings) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
-    let path = match node.values.get("DOCKER_HOST") {
-        Some(h) => h.strip_prefix("unix://")?.to_string(),
-        None => "/var/run/docker.sock".to_string(),
-    };
+    let path = node_docker_host(node).socket_path()?.to_string();
     std::fs::metadata(path).ok().map(|m| m.gid())
+}
+
+/// Returns the node's daemon, from its settings.
+fn node_docker_host(node: &NodeSettings) -> DockerHost {
+    DockerHost::parse(node.values.get("DOCKER_HOST").map(String::as_str))
 }
 
 /// Relays the client's signals to this process (the shim forwards them to

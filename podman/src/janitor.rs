@@ -19,6 +19,7 @@
 //! per-run watchdog (`super::watchdog`) removes the container of a shim
 //! that was SIGKILLed.
 
+use argus_podman_core::docker_host::DockerHost;
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
@@ -371,7 +372,13 @@ pub async fn sweep_shim(
 /// cancelled (no removal starts after that). Returns Ok(0) at once when the
 /// daemon's unix socket does not exist: nodes without Docker must not fail.
 pub fn sweep_blocking(scope: JanitorScope, stop: &CancellationToken) -> anyhow::Result<usize> {
-    sweep_until(&docker::address(), &owner::state_dir(), None, scope, stop)
+    sweep_until(
+        docker::host().address(),
+        &owner::state_dir(),
+        None,
+        scope,
+        stop,
+    )
 }
 
 /// [`sweep_blocking`] against the daemon at `addr`, never cut short.
@@ -398,7 +405,8 @@ fn sweep_until(
     scope: JanitorScope,
     stop: &CancellationToken,
 ) -> anyhow::Result<usize> {
-    if let Some(path) = docker::socket_path(addr) {
+    let host = DockerHost::parse(Some(addr));
+    if let Some(path) = host.socket_path() {
         if !Path::new(path).exists() {
             return Ok(0);
         }
@@ -409,7 +417,7 @@ fn sweep_until(
         .context("failed to start a runtime for the janitor")?;
     rt.block_on(async {
         let work = async {
-            let docker = docker::connect_to(addr).await?;
+            let docker = docker::connect_to(&host).await?;
             let owner = match owner {
                 Some(o) => o.to_string(),
                 None => owner::node_owner(docker::whoami(&docker).await?.as_ref())?,

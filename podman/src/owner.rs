@@ -37,14 +37,11 @@ pub fn node_owner(me: Option<&SelfContainer>) -> Result<String, ShimError> {
     host_owner(&state_dir())
 }
 
-/// Returns this node's state folder: `ARGUS_STATE_DIR` (absolute), else
-/// `/run/argus`.
+/// Returns this node's state folder, as this process's `ARGUS_STATE_DIR`
+/// names it (the one reading of that variable in the shim; see
+/// [`argus_config::state_dir_or_default`]).
 pub fn state_dir() -> std::path::PathBuf {
-    std::env::var("ARGUS_STATE_DIR")
-        .ok()
-        .filter(|d| d.starts_with('/'))
-        .unwrap_or_else(|| "/run/argus".into())
-        .into()
+    argus_config::state_dir_or_default(std::env::var("ARGUS_STATE_DIR").ok().as_deref())
 }
 
 /// Returns true if and only if `id` is a host node's owner id (or the

@@ -435,7 +435,7 @@ pub async fn run(mut o: RunOpts) -> Result<u8, ShimError> {
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw(),
     ));
-    policy.socket_gid = docker::socket_path(&docker::address()).and_then(|p| {
+    policy.socket_gid = docker::host().socket_path().and_then(|p| {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(p).ok().map(|m| m.gid())
     });

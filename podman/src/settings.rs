@@ -31,8 +31,7 @@ use serde::{Deserialize, Serialize};
 /// The file's name in the node's state folder.
 pub const FILE: &str = "shim-settings.json";
 
-/// The default state folder (`ARGUS_STATE_DIR`).
-pub const DEFAULT_STATE_DIR: &str = "/run/argus";
+pub use argus_config::DEFAULT_STATE_DIR;
 
 /// Every variable the shim's policy, owner and daemon connection read.
 pub const VARIABLES: &[&str] = &[
@@ -179,8 +178,7 @@ pub fn locate() -> Source {
             file: dir.join(FILE),
         };
     }
-    let dir = std::env::var("ARGUS_STATE_DIR").unwrap_or_else(|_| DEFAULT_STATE_DIR.into());
-    let file = Path::new(&dir).join(FILE);
+    let file = crate::owner::state_dir().join(FILE);
     if file.exists() {
         Source::StateDir(file)
     } else {
@@ -277,12 +275,11 @@ fn state_dir_of(argv: &[String], environ: &[String]) -> PathBuf {
             }
         }
     }
-    environ
-        .iter()
-        .find_map(|e| e.strip_prefix("ARGUS_STATE_DIR="))
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
+    argus_config::state_dir_or_default(
+        environ
+            .iter()
+            .find_map(|e| e.strip_prefix("ARGUS_STATE_DIR=")),
+    )
 }
 
 /// Returns the parent of `pid` from `/proc/<pid>/stat`.

@@ -5,6 +5,7 @@ use std::time::Duration;
 use argus_config::{Config, Group, Reader, Source};
 use argus_node::preflight::GateError;
 use argus_node::{Event, NodeAgent};
+use argus_podman_core::docker_host::DockerHost;
 use argus_supervise::Stop;
 use tracing::{info, warn};
 
@@ -192,11 +193,8 @@ pub fn run(flags: &Flags) -> Outcome {
     // Only this process may reach Docker: Ray's podman calls come here.
     let me = argus_supervise::privs::current_ids();
     let ray = cfg.ray_user.as_ref().map_or(me, |u| (u.uid, u.gid));
-    for w in argus_podman::broker::socket_warnings(
-        std::env::var("DOCKER_HOST").ok().as_deref(),
-        ray.0,
-        ray.1,
-    ) {
+    let docker_host = DockerHost::parse(std::env::var("DOCKER_HOST").ok().as_deref());
+    for w in argus_podman::broker::socket_warnings(&docker_host, ray.0, ray.1) {
         warn!("{w}");
     }
     // The socket in a folder other users can enter is a road to the Docker
@@ -204,9 +202,7 @@ pub fn run(flags: &Flags) -> Outcome {
     // the node container (the agent is PID 1 there and runs Ray as another
     // user), a warning elsewhere (an agent on a host, in a test's PID
     // namespace, or running Ray as itself, where the host's layout rules).
-    if let Some(problem) =
-        argus_podman::broker::socket_folder_problem(std::env::var("DOCKER_HOST").ok().as_deref())
-    {
+    if let Some(problem) = argus_podman::broker::socket_folder_problem(&docker_host) {
         if std::process::id() == 1 && ray != me && me.0 == 0 {
             return Err(Error::DockerSocket(problem));
         }
