@@ -17,7 +17,13 @@
 //! request reaches all of them through one [`Stop`] handle.
 //!
 //! `ray.rs` owns the Ray run (start, stop, wait) and knows no role;
-//! `head.rs` and `worker.rs` hold each role's state and decisions.
+//! `head.rs` and `worker.rs` hold each role's state and decisions: the
+//! loop is a `Node<HeadRole>` or a `Node<WorkerRole>` (`RoleLoop`),
+//! chosen once from the configuration. Beside the loop: the pre-start hook
+//! ([`hook`]) and the GPU preflight ([`preflight`]).
+//!
+//! May import every crate below it (discovery, supervise, config,
+//! telemetry, podman). Must never import argus-agent (the binary).
 
 use std::collections::VecDeque;
 use std::net::IpAddr;

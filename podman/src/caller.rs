@@ -33,7 +33,7 @@ pub(crate) static CALLER_LIMITS: std::sync::OnceLock<HashMap<String, i64>> =
 
 /// Returns the caller's hard limits by Docker's ulimit name (-1:
 /// unlimited): those the handler read from the caller's process
-/// ([`CALLER_LIMITS`]), else this process's own (a standalone shim is its
+/// (`CALLER_LIMITS`), else this process's own (a standalone shim is its
 /// caller).
 pub fn caller_ulimits() -> HashMap<String, i64> {
     if let Some(l) = CALLER_LIMITS.get() {

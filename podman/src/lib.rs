@@ -18,11 +18,19 @@
 //! maps podman meaning onto Docker (one submodule per group of flags) ->
 //! [`policy`] refuses dangerous requests -> [`runner`] drives `run`,
 //! [`cmds`] the other subcommands, over [`docker`]. Beside them:
-//! [`selfid`] finds the Ray container and maps its paths to the host,
-//! [`labels`] and [`owner`] name the containers, [`janitor`] sweeps,
+//! [`argus_podman_core::selfid`] finds the Ray container and maps its paths to the host,
+//! [`argus_podman_core::labels`] and [`owner`] name the containers, [`janitor`] sweeps,
 //! [`watchdog`] outlives a killed handler, [`report`] tells the broker how
 //! a call went (for the agent's metrics). Without a node agent (tests, a
 //! person on a host) the shim runs the call in-process from `args` on.
+//!
+//! This crate is the shim's I/O edge: sockets, processes, the Docker API,
+//! the node's settings file. Every decision (what a flag means, what the
+//! policy refuses, the create body) is argus-podman-core's, which gets
+//! values from here and returns values.
+//!
+//! May import: argus-podman-core, argus-config, argus-supervise,
+//! argus-telemetry. Must never import: argus-node, argus-agent.
 
 pub mod broker;
 pub mod caller;

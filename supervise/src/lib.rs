@@ -6,6 +6,15 @@
 //! through [`reaper::spawn`] and its status is routed back from the single
 //! reaping thread. Signals are blocked in every thread (before any thread is
 //! created) and received synchronously by that same thread.
+//!
+//! Beside the processes, the node's other mechanics that know nothing of
+//! Ray or Docker: shared-storage I/O on a thread of its own with a bound
+//! ([`storage`]), file watching with a polling fallback ([`watch`]), and
+//! the node's IP address ([`netinfo`]).
+//!
+//! May import: argus-discovery (the writer identity of shared paths).
+//! Must never import: argus-config, argus-telemetry, argus-podman-core,
+//! argus-podman, argus-node (it is below all of them).
 
 pub mod backoff;
 pub mod exitwatch;
