@@ -293,7 +293,7 @@ pub const SOCKET_FOLDER: &str = "/run/argus-docker";
 pub fn socket_folder_problem(docker_host: &DockerHost) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let path = docker_host.socket_path()?;
-    let real = std::fs::canonicalize(&path).ok()?;
+    let real = std::fs::canonicalize(path).ok()?;
     let folder = real.parent()?;
     let meta = std::fs::metadata(folder).ok()?;
     if meta.uid() == 0 && meta.mode() & 0o011 == 0 {
@@ -315,11 +315,11 @@ pub fn socket_warnings(docker_host: &DockerHost, ray_uid: u32, ray_gid: u32) -> 
             "DOCKER_HOST={docker_host} is not a unix socket: anything that can reach that address can use the daemon, Ray's user included"
         )];
     };
-    let Ok(meta) = std::fs::metadata(&path) else {
+    let Ok(meta) = std::fs::metadata(path) else {
         return vec![];
     };
     let mut out = Vec::new();
-    if let Err(e) = UnixStream::connect(&path) {
+    if let Err(e) = UnixStream::connect(path) {
         out.push(format!(
             "the agent cannot open the Docker socket {path} ({e}): engine containers will fail; run the node container as root (the node image's default)"
         ));
