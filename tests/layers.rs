@@ -33,7 +33,11 @@ fn members() -> Vec<String> {
         .lines()
         .find(|l| l.trim_start().starts_with("members"))
         .expect("members line");
-    line.split('"').skip(1).step_by(2).map(str::to_string).collect()
+    line.split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
 }
 
 /// Returns the package name and the workspace crates it depends on (in
@@ -67,7 +71,9 @@ fn every_crate_imports_only_lower_layers() {
     for dir in &members {
         let (name, deps) = manifest(dir);
         let Some(mine) = layer_of(&name) else {
-            panic!("{dir}: crate {name} has no layer in tests/layers.rs (and docs/architecture.md)");
+            panic!(
+                "{dir}: crate {name} has no layer in tests/layers.rs (and docs/architecture.md)"
+            );
         };
         for d in deps {
             match layer_of(&d) {

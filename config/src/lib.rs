@@ -14,6 +14,15 @@
 //! (`head`), [`Logging`], [`PreflightConfig`] (`preflight`), [`HookConfig`],
 //! the state folder (`status`), or all of them as [`Config`] (`run`,
 //! `config`).
+//!
+//! The table and the reader are in `table.rs`; [`rayports`] reads Ray's
+//! ports through the same reader. Nothing here starts a process or opens a
+//! socket: a value is read, checked and handed down.
+//!
+//! May import: argus-discovery, argus-supervise (the Ray user's record),
+//! argus-podman-core (the shim's settings are checked by the shim's own
+//! parser at start). Must never import: argus-telemetry, argus-podman,
+//! argus-node, argus-agent.
 
 pub mod rayports;
 mod table;
@@ -304,6 +313,21 @@ pub struct DrainConfig {
     pub serve_port: u16,
 }
 
+impl DrainConfig {
+    /// Reads the drain variables (`ARGUS_DRAIN`, `ARGUS_DRAIN_TIMEOUT_S`,
+    /// `ARGUS_DRAIN_HELPER`, `ARGUS_LB_AGENT_PORT`, `ARGUS_SERVE_PORT`), in
+    /// that order.
+    fn read(r: &mut Reader) -> Result<Self, ConfigError> {
+        Ok(Self {
+            enabled: r.flag("ARGUS_DRAIN")?,
+            timeout: r.seconds("ARGUS_DRAIN_TIMEOUT_S")?,
+            helper: r.path("ARGUS_DRAIN_HELPER", PathBuf::new)?,
+            lb_agent_port: r.opt_port("ARGUS_LB_AGENT_PORT")?,
+            serve_port: r.port("ARGUS_SERVE_PORT")?,
+        })
+    }
+}
+
 /// The external Redis of GCS fault tolerance (`ARGUS_GCS_FT_REDIS`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisAddr {
@@ -390,6 +414,147 @@ const AGENT_RAY_FLAGS: &[&str] = &[
     "--dashboard-port",
 ];
 
+/// Reads `ARGUS_ROLE`: which node this agent runs (the table allows only
+/// `head` and `worker`).
+fn read_role(r: &mut Reader) -> Result<Role, ConfigError> {
+    Ok(match r.choice("ARGUS_ROLE")? {
+        "head" => Role::Head,
+        _ => Role::Worker,
+    })
+}
+
+/// Reads Ray's GCS and dashboard ports (`ARGUS_RAY_PORT`,
+/// `ARGUS_DASHBOARD_PORT`), which must differ: both listen on the head.
+fn read_main_ports(r: &mut Reader) -> Result<(u16, u16), ConfigError> {
+    let ray_port = r.port("ARGUS_RAY_PORT")?;
+    let dashboard_port = r.port("ARGUS_DASHBOARD_PORT")?;
+    if ray_port == dashboard_port {
+        return Err(ConfigError::new(
+            "ARGUS_DASHBOARD_PORT",
+            &dashboard_port.to_string(),
+            "must differ from ARGUS_RAY_PORT",
+        ));
+    }
+    Ok((ray_port, dashboard_port))
+}
+
+/// Reads the discovery timings: the record's lifetime (`ARGUS_TTL_S`), then
+/// the head's refresh and the worker's poll periods, each of which must be
+/// shorter than that lifetime (a live head rewrites its record, and a worker
+/// looks at it, before it can expire).
+fn read_discovery_timings(r: &mut Reader) -> Result<(Duration, Duration, Duration), ConfigError> {
+    let ttl = r.seconds("ARGUS_TTL_S")?;
+    let below_ttl = |name: &'static str, period: Duration| {
+        if period < ttl {
+            return Ok(period);
+        }
+        Err(ConfigError::new(
+            name,
+            &period.as_secs_f64().to_string(),
+            format!("must be less than ARGUS_TTL_S ({})", ttl.as_secs_f64()),
+        ))
+    };
+    let refresh = below_ttl("ARGUS_REFRESH_S", r.seconds("ARGUS_REFRESH_S")?)?;
+    let poll = below_ttl("ARGUS_POLL_S", r.seconds("ARGUS_POLL_S")?)?;
+    Ok((ttl, refresh, poll))
+}
+
+/// Reads `ARGUS_NODE_IP`: an address, or a network (address/prefix) in
+/// which this node's address is found when the node starts (issue 18: one
+/// setting for hosts with several interfaces).
+fn read_node_ip(
+    r: &mut Reader,
+) -> Result<(Option<IpAddr>, Option<argus_supervise::netinfo::Network>), ConfigError> {
+    Ok(match r.text("ARGUS_NODE_IP")? {
+        Some(v) if v.contains('/') => {
+            let net = argus_supervise::netinfo::Network::parse(&v)
+                .map_err(|why| ConfigError::new("ARGUS_NODE_IP", &v, why))?;
+            (None, Some(net))
+        }
+        _ => (r.ip("ARGUS_NODE_IP")?, None),
+    })
+}
+
+/// Reads `ARGUS_WORKER_RESOURCES_KV`, the `ray start --resources` of a
+/// worker (empty: no flag).
+fn read_worker_resources(r: &mut Reader) -> Result<BTreeMap<String, f64>, ConfigError> {
+    let resources = r.value("ARGUS_WORKER_RESOURCES_KV")?.unwrap_or_default();
+    parse_resources(&resources)
+        .map_err(|reason| ConfigError::new("ARGUS_WORKER_RESOURCES_KV", &resources, reason))
+}
+
+/// Reads `ARGUS_RAY_EXTRA_ARGS` split into words as a shell would, and
+/// refuses the `ray start` flags the agent sets itself: a second value
+/// would fight the agent's own.
+fn read_ray_extra_args(r: &mut Reader) -> Result<Vec<String>, ConfigError> {
+    let extra = r.value("ARGUS_RAY_EXTRA_ARGS")?.unwrap_or_default();
+    let ray_extra_args = shlex::split(&extra).ok_or_else(|| {
+        ConfigError::new(
+            "ARGUS_RAY_EXTRA_ARGS",
+            &extra,
+            "cannot be split into words (unbalanced quote or trailing backslash)",
+        )
+    })?;
+    for a in &ray_extra_args {
+        let flag = a.split_once('=').map_or(a.as_str(), |(f, _)| f);
+        if AGENT_RAY_FLAGS.contains(&flag) {
+            return Err(ConfigError::new(
+                "ARGUS_RAY_EXTRA_ARGS",
+                a,
+                format!("the agent sets {} itself", AGENT_RAY_FLAGS.join(", ")),
+            ));
+        }
+    }
+    Ok(ray_extra_args)
+}
+
+/// Checks R-SEC-2: the Ray user must not own discovery state it reads, so
+/// `ARGUS_AGENT_USER` may not be the Ray user (unless both are the agent's
+/// own user, when no other user is involved).
+fn check_agent_user_is_not_ray_user(
+    agent_user: &argus_discovery::trust::Identity,
+    ray_user: Option<&argus_supervise::privs::RayUser>,
+) -> Result<(), ConfigError> {
+    if let Some(u) = ray_user {
+        let own = argus_discovery::trust::Identity::current();
+        if u.uid == agent_user.uid && u.uid != own.uid {
+            return Err(ConfigError::new(
+                "ARGUS_AGENT_USER",
+                &format!("{}:{}", agent_user.uid, agent_user.gid),
+                "must not be the Ray user (ARGUS_RAY_USER): the Ray user must not write discovery state",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Reads the bounds of the delay between Ray restarts
+/// (`ARGUS_RESTART_BACKOFF_MIN_S`, `ARGUS_RESTART_BACKOFF_MAX_S`); the
+/// maximum may not be below the minimum.
+fn read_restart_backoff(r: &mut Reader) -> Result<(Duration, Duration), ConfigError> {
+    let backoff_min = r.seconds("ARGUS_RESTART_BACKOFF_MIN_S")?;
+    let backoff_max = r.seconds("ARGUS_RESTART_BACKOFF_MAX_S")?;
+    if backoff_max < backoff_min {
+        return Err(ConfigError::new(
+            "ARGUS_RESTART_BACKOFF_MAX_S",
+            &backoff_max.as_secs_f64().to_string(),
+            "must not be less than ARGUS_RESTART_BACKOFF_MIN_S",
+        ));
+    }
+    Ok((backoff_min, backoff_max))
+}
+
+/// Reads `ARGUS_GCS_FT_REDIS`, the external Redis of GCS fault tolerance;
+/// unset or blank turns it off.
+fn read_gcs_ft_redis(r: &mut Reader) -> Result<Option<RedisAddr>, ConfigError> {
+    r.text("ARGUS_GCS_FT_REDIS")?
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| {
+            RedisAddr::parse(&v).map_err(|why| ConfigError::new("ARGUS_GCS_FT_REDIS", &v, why))
+        })
+        .transpose()
+}
+
 impl Config {
     /// Reads and validates configuration from `get` (variable -> value).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
@@ -398,72 +563,22 @@ impl Config {
         }))
     }
 
-    /// Reads and validates every variable through `r`.
+    /// Reads and validates every variable through `r`. The order of the
+    /// reads and checks is the order in which a bad environment's first
+    /// error is found, and the order of [`Config::settings`].
     pub fn read(mut r: Reader) -> Result<Self, ConfigError> {
-        let role = match r.choice("ARGUS_ROLE")? {
-            "head" => Role::Head,
-            _ => Role::Worker,
-        };
+        let role = read_role(&mut r)?;
         let Discovery {
             shared_root,
             cluster_name,
             head_file,
             agent_user,
         } = Discovery::read(&mut r)?;
-        let ray_port = r.port("ARGUS_RAY_PORT")?;
-        let dashboard_port = r.port("ARGUS_DASHBOARD_PORT")?;
-        if ray_port == dashboard_port {
-            return Err(ConfigError::new(
-                "ARGUS_DASHBOARD_PORT",
-                &dashboard_port.to_string(),
-                "must differ from ARGUS_RAY_PORT",
-            ));
-        }
-        let ttl = r.seconds("ARGUS_TTL_S")?;
-        let below_ttl = |name: &'static str, period: Duration| {
-            if period < ttl {
-                return Ok(period);
-            }
-            Err(ConfigError::new(
-                name,
-                &period.as_secs_f64().to_string(),
-                format!("must be less than ARGUS_TTL_S ({})", ttl.as_secs_f64()),
-            ))
-        };
-        let refresh = below_ttl("ARGUS_REFRESH_S", r.seconds("ARGUS_REFRESH_S")?)?;
-        let poll = below_ttl("ARGUS_POLL_S", r.seconds("ARGUS_POLL_S")?)?;
-        // A network (address/prefix): this node's address in it, found when
-        // the node starts (issue 18: one setting for hosts with several
-        // interfaces).
-        let (node_ip, node_net) = match r.text("ARGUS_NODE_IP")? {
-            Some(v) if v.contains('/') => {
-                let net = argus_supervise::netinfo::Network::parse(&v)
-                    .map_err(|why| ConfigError::new("ARGUS_NODE_IP", &v, why))?;
-                (None, Some(net))
-            }
-            _ => (r.ip("ARGUS_NODE_IP")?, None),
-        };
-        let resources = r.value("ARGUS_WORKER_RESOURCES_KV")?.unwrap_or_default();
-        let worker_resources = parse_resources(&resources)
-            .map_err(|reason| ConfigError::new("ARGUS_WORKER_RESOURCES_KV", &resources, reason))?;
-        let extra = r.value("ARGUS_RAY_EXTRA_ARGS")?.unwrap_or_default();
-        let ray_extra_args = shlex::split(&extra).ok_or_else(|| {
-            ConfigError::new(
-                "ARGUS_RAY_EXTRA_ARGS",
-                &extra,
-                "cannot be split into words (unbalanced quote or trailing backslash)",
-            )
-        })?;
-        for a in &ray_extra_args {
-            let flag = a.split_once('=').map_or(a.as_str(), |(f, _)| f);
-            if AGENT_RAY_FLAGS.contains(&flag) {
-                return Err(ConfigError::new(
-                    "ARGUS_RAY_EXTRA_ARGS",
-                    a,
-                    format!("the agent sets {} itself", AGENT_RAY_FLAGS.join(", ")),
-                ));
-            }
-        }
+        let (ray_port, dashboard_port) = read_main_ports(&mut r)?;
+        let (ttl, refresh, poll) = read_discovery_timings(&mut r)?;
+        let (node_ip, node_net) = read_node_ip(&mut r)?;
+        let worker_resources = read_worker_resources(&mut r)?;
+        let ray_extra_args = read_ray_extra_args(&mut r)?;
         let ray_ports = crate::rayports::RayPorts::read(
             &mut r,
             role,
@@ -475,50 +590,20 @@ impl Config {
         let preflight = PreflightConfig::read(&mut r)?;
         let mut hook = HookConfig::read(&mut r)?;
         let stop_grace = r.seconds("ARGUS_STOP_GRACE_S")?;
-        let drain = DrainConfig {
-            enabled: r.flag("ARGUS_DRAIN")?,
-            timeout: r.seconds("ARGUS_DRAIN_TIMEOUT_S")?,
-            helper: r.path("ARGUS_DRAIN_HELPER", PathBuf::new)?,
-            lb_agent_port: r.opt_port("ARGUS_LB_AGENT_PORT")?,
-            serve_port: r.port("ARGUS_SERVE_PORT")?,
-        };
+        let drain = DrainConfig::read(&mut r)?;
         let metrics_port = r.opt_port("ARGUS_METRICS_PORT")?;
         let metrics_linger = r.seconds("ARGUS_METRICS_LINGER_S")?;
         let ray_bin = r.value("ARGUS_RAY_BIN")?.unwrap_or_default();
         let ray_user = read_ray_user(&mut r)?;
-        // R-SEC-2: the Ray user must not own discovery state it reads.
-        if let Some(u) = &ray_user {
-            let own = argus_discovery::trust::Identity::current();
-            if u.uid == agent_user.uid && u.uid != own.uid {
-                return Err(ConfigError::new(
-                    "ARGUS_AGENT_USER",
-                    &format!("{}:{}", agent_user.uid, agent_user.gid),
-                    "must not be the Ray user (ARGUS_RAY_USER): the Ray user must not write discovery state",
-                ));
-            }
-        }
+        check_agent_user_is_not_ray_user(&agent_user, ray_user.as_ref())?;
         if !hook.as_root {
             hook.run_as = ray_user.clone();
         }
         let state_dir = read_state_dir(&mut r)?;
-        let backoff_min = r.seconds("ARGUS_RESTART_BACKOFF_MIN_S")?;
-        let backoff_max = r.seconds("ARGUS_RESTART_BACKOFF_MAX_S")?;
-        if backoff_max < backoff_min {
-            return Err(ConfigError::new(
-                "ARGUS_RESTART_BACKOFF_MAX_S",
-                &backoff_max.as_secs_f64().to_string(),
-                "must not be less than ARGUS_RESTART_BACKOFF_MIN_S",
-            ));
-        }
+        let (backoff_min, backoff_max) = read_restart_backoff(&mut r)?;
         let stable_run = r.seconds("ARGUS_STABLE_RUN_S")?;
         let file_events = r.flag("ARGUS_FILE_EVENTS")?;
-        let gcs_ft_redis = r
-            .text("ARGUS_GCS_FT_REDIS")?
-            .filter(|v| !v.trim().is_empty())
-            .map(|v| {
-                RedisAddr::parse(&v).map_err(|why| ConfigError::new("ARGUS_GCS_FT_REDIS", &v, why))
-            })
-            .transpose()?;
+        let gcs_ft_redis = read_gcs_ft_redis(&mut r)?;
         let gcs_ft_zombie = r.seconds("ARGUS_GCS_FT_ZOMBIE_S")?;
         let shim = ShimConfig::read(&mut r)?;
         Ok(Config {

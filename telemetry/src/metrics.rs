@@ -335,7 +335,24 @@ impl Metrics {
         m
     }
 
+    /// Registers every family with the registry, one group per concern.
+    /// The order of the calls is the order of the rendered text and of
+    /// [`catalogue`], so a new family goes where its group renders.
     fn register(mut self) -> Self {
+        self.register_node_families();
+        self.register_ray_families();
+        self.register_head_families();
+        self.register_start_check_families();
+        self.register_shim_families();
+        self.register_storage_families();
+        self.register_drain_families();
+        self
+    }
+
+    /// Registers who this node is and where it stands: the info metric, its
+    /// state (one series per state, and the time in it) and its record
+    /// lifetime.
+    fn register_node_families(&mut self) {
         let r = &mut self.registry;
         r.register(
             "agent_info",
@@ -359,6 +376,12 @@ impl Metrics {
             Unit::Seconds,
             self.ttl_seconds.clone(),
         );
+    }
+
+    /// Registers the Ray run families: starts, exits by kind, and the failure
+    /// streak that marks a crash loop.
+    fn register_ray_families(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "ray_starts",
             "Ray runs started (`ray start --block`)",
@@ -379,6 +402,13 @@ impl Metrics {
             "1 while Ray is crash-looping (3 or more failures in a row)",
             self.ray_crash_loop.clone(),
         );
+    }
+
+    /// Registers the discovery families: the head generation and the record's
+    /// age, a head's takeovers and fencing, and a worker's rejoins and time
+    /// waiting for a head.
+    fn register_head_families(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "head_generation",
             "The head generation this node publishes or follows (NaN: none)",
@@ -411,6 +441,12 @@ impl Metrics {
             Unit::Seconds,
             self.head_wait.clone(),
         );
+    }
+
+    /// Registers what gates Ray's start: the GPU preflight's checks and
+    /// verdict, and the pre-start hook's result.
+    fn register_start_check_families(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "preflight_check",
             "The last GPU preflight: one series per check with its status and failure class (value 1)",
@@ -426,6 +462,12 @@ impl Metrics {
             "The pre-start hook's result (value 1)",
             self.hook.clone(),
         );
+    }
+
+    /// Registers the podman shim's families: brokered calls and their
+    /// durations, refusals, and the engine containers created and cleaned up.
+    fn register_shim_families(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "shim_calls",
             "podman calls brokered by this agent, by podman command",
@@ -452,11 +494,23 @@ impl Metrics {
             Unit::Seconds,
             self.shim_duration.clone(),
         );
+    }
+
+    /// Registers the shared-storage failures, by kind.
+    fn register_storage_families(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "storage_errors",
             "Shared-storage operations that failed, by kind",
             self.storage_errors.clone(),
         );
+    }
+
+    /// Registers a worker's drain families: how drains ended and their steps'
+    /// timings, the load balancer's agent-check answers, and the Serve proxy's
+    /// health.
+    fn register_drain_families(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "drains",
             "Drains of this worker on a stop (R-SERVE-4), by how they ended",
@@ -478,7 +532,6 @@ impl Metrics {
             "1 while this worker's Ray Serve proxy answers its health check",
             self.serve_proxy_up.clone(),
         );
-        self
     }
 
     /// Renders every metric, the ages computed now.
