@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use super::docker::{self, is_not_found, message};
 use super::runner;
 use super::{ShimError, EXIT_SHIM};
+use crate::call::Call;
 use argus_podman_core::args::{Command, ShowOpts, Source};
 use argus_podman_core::labels::{LABEL_OWNER, LABEL_PREFIX};
 use argus_podman_core::policy::{Policy, PolicyError, ResolvedImage};
@@ -120,16 +121,21 @@ fn show(format: Option<&str>, items: &[Value], table: impl FnOnce(&[Value])) {
     }
 }
 
+/// What a command may see and touch: this node's containers (by owner)
+/// and the images its policy allows.
 struct Scope {
     owner: String,
     relaxed: bool,
+    policy: Policy,
 }
 
-async fn scope(docker: &Docker) -> Result<Scope, ShimError> {
+async fn scope(docker: &Docker, call: &Call) -> Result<Scope, ShimError> {
     let me = docker::whoami(docker).await?;
+    let policy = call.policy()?;
     Ok(Scope {
-        owner: super::owner::node_owner(me.as_ref())?,
-        relaxed: Policy::from_env(|k| std::env::var(k).ok())?.relaxed,
+        owner: super::owner::node_owner_in(me.as_ref(), call)?,
+        relaxed: policy.relaxed,
+        policy,
     })
 }
 
@@ -139,6 +145,7 @@ async fn scope(docker: &Docker) -> Result<Scope, ShimError> {
 /// A name the shim does not own refuses the whole command.
 async fn for_each_owned<F, Fut>(
     docker: &Docker,
+    call: &Call,
     names: &[String],
     ignore: bool,
     verb: &str,
@@ -148,7 +155,7 @@ where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Result<(), bollard::errors::Error>>,
 {
-    let s = scope(docker).await?;
+    let s = scope(docker, call).await?;
     let mut found = Vec::new();
     let mut code = 0;
     for n in names {
@@ -217,7 +224,7 @@ async fn visible_image_ids(
     s: &Scope,
     extra: Option<&bollard::models::ImageInspect>,
 ) -> Result<std::collections::HashSet<String>, ShimError> {
-    let mut policy = Policy::from_env(|k| std::env::var(k).ok())?;
+    let mut policy = s.policy.clone();
     let mut ids = std::collections::HashSet::new();
     if let Some(i) = extra {
         let id = i.id.clone().unwrap_or_default();
@@ -303,7 +310,7 @@ async fn own_containers(
 }
 
 /// Runs a subcommand other than `run`; returns the exit code.
-pub async fn run(cmd: Command) -> Result<u8, ShimError> {
+pub async fn run(cmd: Command, call: &Call) -> Result<u8, ShimError> {
     match cmd {
         Command::ShortVersion => {
             println!("podman version {PODMAN_VERSION}");
@@ -315,18 +322,18 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
         }
         _ => {}
     }
-    let docker = docker::connect().await?;
+    let docker = docker::connect_to(&call.docker).await?;
     match cmd {
         Command::Run(_) | Command::ShortVersion | Command::Help => unreachable!("handled above"),
         Command::Version { format } => version(&docker, format).await,
-        Command::Info { format } => info(&docker, format).await,
+        Command::Info { format } => info(&docker, call, format).await,
         Command::Pull {
             quiet,
             image,
             source,
-        } => pull(&docker, quiet, image, source).await,
+        } => pull(&docker, call, quiet, image, source).await,
         Command::ImageExists(name) => {
-            let s = scope(&docker).await?;
+            let s = scope(&docker, call).await?;
             Ok(if visible_image(&docker, &s, &name).await?.is_some() {
                 0
             } else {
@@ -334,42 +341,44 @@ pub async fn run(cmd: Command) -> Result<u8, ShimError> {
             })
         }
         Command::ContainerExists(name) => {
-            let s = scope(&docker).await?;
+            let s = scope(&docker, call).await?;
             match owned(&docker, &s, &name).await? {
                 Some(_) => Ok(0),
                 None => Ok(1),
             }
         }
-        Command::ImageInspect { format, names } => image_inspect(&docker, format, names).await,
+        Command::ImageInspect { format, names } => {
+            image_inspect(&docker, call, format, names).await
+        }
         Command::Inspect {
             format,
             kind,
             names,
-        } => inspect(&docker, format, kind, names).await,
-        Command::Images(o) => images(&docker, o).await,
-        Command::Ps(o) => ps(&docker, o).await,
+        } => inspect(&docker, call, format, kind, names).await,
+        Command::Images(o) => images(&docker, call, o).await,
+        Command::Ps(o) => ps(&docker, call, o).await,
         Command::Rm {
             force,
             ignore,
             volumes,
             names,
-        } => rm(&docker, force, ignore, volumes, names).await,
+        } => rm(&docker, call, force, ignore, volumes, names).await,
         Command::Kill {
             signal,
             ignore,
             names,
-        } => kill(&docker, signal, ignore, names).await,
+        } => kill(&docker, call, signal, ignore, names).await,
         Command::Stop {
             timeout,
             ignore,
             names,
-        } => stop(&docker, timeout, ignore, names).await,
+        } => stop(&docker, call, timeout, ignore, names).await,
         Command::Logs {
             follow,
             tail,
             timestamps,
             name,
-        } => logs(&docker, follow, tail, timestamps, name).await,
+        } => logs(&docker, call, follow, tail, timestamps, name).await,
     }
 }
 
@@ -420,12 +429,12 @@ async fn version(docker: &Docker, format: Option<String>) -> Result<u8, ShimErro
 /// counted as this node sees them (its own containers, the images it may
 /// see), never the host's (issue 26, hole 12); the host name is this
 /// node's, not the daemon's.
-async fn info(docker: &Docker, format: Option<String>) -> Result<u8, ShimError> {
+async fn info(docker: &Docker, call: &Call, format: Option<String>) -> Result<u8, ShimError> {
     let i = docker
         .info()
         .await
         .map_err(ShimError::docker("read daemon info"))?;
-    let s = scope(docker).await?;
+    let s = scope(docker, call).await?;
     let mine = own_containers(docker, &s, true).await?;
     let count = |state: &str| {
         mine.iter()
@@ -467,6 +476,7 @@ async fn info(docker: &Docker, format: Option<String>) -> Result<u8, ShimError> 
 /// `docker-daemon:IMAGE`, only finds IMAGE in the daemon.
 async fn pull(
     docker: &Docker,
+    call: &Call,
     quiet: bool,
     image: String,
     source: Source,
@@ -475,7 +485,7 @@ async fn pull(
     // `--pull=never` away from running, and pulls cost the host disk. The
     // name gates the pull; what was pulled (or found) is checked by full
     // ID, as `run` checks it.
-    let mut policy = Policy::from_env(|k| std::env::var(k).ok())?;
+    let mut policy = call.policy()?;
     let i = if source == Source::Daemon {
         match docker.inspect_image(&image).await {
             Ok(i) => i,
@@ -503,10 +513,11 @@ async fn pull(
 /// `podman image inspect`: images in podman's shape; 125 at the first unknown.
 async fn image_inspect(
     docker: &Docker,
+    call: &Call,
     format: Option<String>,
     names: Vec<String>,
 ) -> Result<u8, ShimError> {
-    let s = scope(docker).await?;
+    let s = scope(docker, call).await?;
     let mut items = Vec::new();
     for n in &names {
         match visible_image(docker, &s, n).await? {
@@ -525,11 +536,12 @@ async fn image_inspect(
 /// `podman inspect`: this node's containers, else images; 125 at the first unknown.
 async fn inspect(
     docker: &Docker,
+    call: &Call,
     format: Option<String>,
     kind: Option<String>,
     names: Vec<String>,
 ) -> Result<u8, ShimError> {
-    let s = scope(docker).await?;
+    let s = scope(docker, call).await?;
     let mut items = Vec::new();
     for n in &names {
         if kind.as_deref() != Some("image") {
@@ -555,6 +567,7 @@ async fn inspect(
 /// `podman rm`: removes this node's containers.
 async fn rm(
     docker: &Docker,
+    call: &Call,
     force: bool,
     ignore: bool,
     volumes: bool,
@@ -564,7 +577,7 @@ async fn rm(
         .force(force)
         .v(volumes)
         .build();
-    for_each_owned(docker, &names, ignore, "remove", |id| {
+    for_each_owned(docker, call, &names, ignore, "remove", |id| {
         let (docker, opts) = (docker.clone(), opts.clone());
         async move {
             match docker.remove_container(&id, Some(opts)).await {
@@ -579,6 +592,7 @@ async fn rm(
 /// `podman kill`: signals this node's containers.
 async fn kill(
     docker: &Docker,
+    call: &Call,
     signal: String,
     ignore: bool,
     names: Vec<String>,
@@ -588,7 +602,7 @@ async fn kill(
     } else {
         format!("SIG{}", signal.to_ascii_uppercase())
     };
-    for_each_owned(docker, &names, ignore, "kill", |id| {
+    for_each_owned(docker, call, &names, ignore, "kill", |id| {
         let (docker, signal) = (docker.clone(), signal.clone());
         async move {
             let opts = KillContainerOptionsBuilder::new().signal(&signal).build();
@@ -601,11 +615,12 @@ async fn kill(
 /// `podman stop`: stops this node's containers (already stopped is fine).
 async fn stop(
     docker: &Docker,
+    call: &Call,
     timeout: Option<i32>,
     ignore: bool,
     names: Vec<String>,
 ) -> Result<u8, ShimError> {
-    for_each_owned(docker, &names, ignore, "stop", |id| {
+    for_each_owned(docker, call, &names, ignore, "stop", |id| {
         let docker = docker.clone();
         async move {
             let mut b = StopContainerOptionsBuilder::new();
@@ -627,12 +642,13 @@ async fn stop(
 /// `podman logs`: copies a container's output to ours.
 async fn logs(
     docker: &Docker,
+    call: &Call,
     follow: bool,
     tail: Option<String>,
     timestamps: bool,
     name: String,
 ) -> Result<u8, ShimError> {
-    let s = scope(docker).await?;
+    let s = scope(docker, call).await?;
     let Some(id) = owned(docker, &s, &name).await?.map(|r| r.id) else {
         eprintln!("Error: {}", ShimError::NoSuchContainer(name));
         return Ok(125);
@@ -687,8 +703,8 @@ fn image_value(mut v: Value) -> Value {
 
 /// `podman images`: the images this node may see (see
 /// [`visible_image_ids`]), not the host's.
-async fn images(docker: &Docker, o: ShowOpts) -> Result<u8, ShimError> {
-    let s = scope(docker).await?;
+async fn images(docker: &Docker, call: &Call, o: ShowOpts) -> Result<u8, ShimError> {
+    let s = scope(docker, call).await?;
     let visible = visible_image_ids(docker, &s, None).await?;
     let opts = ListImagesOptionsBuilder::new().all(o.all).build();
     let list = docker
@@ -743,8 +759,8 @@ async fn images(docker: &Docker, o: ShowOpts) -> Result<u8, ShimError> {
     Ok(0)
 }
 
-async fn ps(docker: &Docker, o: ShowOpts) -> Result<u8, ShimError> {
-    let s = scope(docker).await?;
+async fn ps(docker: &Docker, call: &Call, o: ShowOpts) -> Result<u8, ShimError> {
+    let s = scope(docker, call).await?;
     let mut filters: HashMap<String, Vec<String>> = HashMap::new();
     if !s.relaxed {
         filters.insert("label".into(), vec![format!("{LABEL_OWNER}={}", s.owner)]);

@@ -32,6 +32,7 @@ use super::runner::FORWARDED;
 use super::settings::NodeSettings;
 use super::transport::{self, Request, ToAgent, ToClient};
 use super::EXIT_SHIM;
+use crate::call::Caller;
 use argus_podman_core::docker_host::DockerHost;
 use argus_supervise::privs;
 
@@ -51,7 +52,7 @@ pub fn serve(settings: &Path, init_log: impl FnOnce()) -> u8 {
     // SAFETY: the broker passes the connection on this descriptor, and
     // nothing else in this process owns it.
     let sock = unsafe { UnixStream::from_raw_fd(CONNECTION_FD) };
-    let args = match become_client(&sock, settings) {
+    let (args, caller) = match become_client(&sock, settings) {
         Ok(args) => args,
         Err(e) => {
             let _ = transport::send(
@@ -67,7 +68,7 @@ pub fn serve(settings: &Path, init_log: impl FnOnce()) -> u8 {
     };
     init_log();
     let done = Arc::new(AtomicBool::new(false));
-    let code = super::run_here(&args, || relay_signals(&sock, done.clone()));
+    let code = super::run_here(&args, caller, || relay_signals(&sock, done.clone()));
     done.store(true, Ordering::SeqCst);
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
@@ -80,7 +81,7 @@ pub fn serve(settings: &Path, init_log: impl FnOnce()) -> u8 {
 
 /// Reads the request and takes on the client's identity; returns its
 /// podman arguments, or the error to send back.
-fn become_client(sock: &UnixStream, settings: &Path) -> Result<Vec<String>, String> {
+fn become_client(sock: &UnixStream, settings: &Path) -> Result<(Vec<String>, Caller), String> {
     let (pid, uid, gid) = transport::peer(sock).map_err(|e| format!("no peer credentials: {e}"))?;
     let (fds, req) = read_request(sock)?;
     let groups = groups_of(pid, uid)?;
@@ -88,7 +89,7 @@ fn become_client(sock: &UnixStream, settings: &Path) -> Result<Vec<String>, Stri
     // which are PID 1's).
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits"))
         .map_err(|e| format!("cannot read the caller's limits: {e}"))?;
-    let _ = crate::caller::CALLER_LIMITS.set(argus_podman_core::policy::parse_proc_limits(&limits));
+    let ulimits = argus_podman_core::policy::parse_proc_limits(&limits);
     let node = NodeSettings::read(settings).map_err(|e| e.to_string())?;
     if nix::unistd::geteuid().is_root() && uid != 0 {
         let socket_gid = docker_socket_gid(&node);
@@ -138,8 +139,7 @@ fn become_client(sock: &UnixStream, settings: &Path) -> Result<Vec<String>, Stri
             settings.display()
         );
     }
-    let _ = crate::caller::CALLER_GROUPS.set(groups);
-    Ok(req.args)
+    Ok((req.args, Caller { groups, ulimits }))
 }
 
 /// Reads the client's descriptors and request within [`REQUEST_DEADLINE`]:

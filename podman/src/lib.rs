@@ -33,7 +33,7 @@
 //! argus-telemetry. Must never import: argus-node, argus-agent.
 
 pub mod broker;
-pub mod caller;
+pub mod call;
 pub mod client;
 pub mod cmds;
 pub mod docker;
@@ -126,13 +126,14 @@ pub fn run(args: Vec<OsString>) -> u8 {
     if let Err(e) = use_node_settings(None) {
         return fail(&e);
     }
-    run_here(&args, || {})
+    run_here(&args, call::Caller::this_process(), || {})
 }
 
 /// Runs the shim in this process (the standalone shim, or the agent's
-/// handler of one client call); `on_ready` runs once the watchdog is forked
+/// handler of one client call) for `caller`, with the node's settings in
+/// this process's environment; `on_ready` runs once the watchdog is forked
 /// and before any thread of the shim exists.
-pub fn run_here(args: &[String], on_ready: impl FnOnce()) -> u8 {
+pub fn run_here(args: &[String], caller: call::Caller, on_ready: impl FnOnce()) -> u8 {
     report::note_command(argus_telemetry::metrics::shim_command_label(
         args::command_word(args).unwrap_or(""),
     ));
@@ -159,10 +160,11 @@ pub fn run_here(args: &[String], on_ready: impl FnOnce()) -> u8 {
         Ok(rt) => rt,
         Err(e) => return fail(&ShimError::Runtime(e)),
     };
+    let call = call::Call::new(caller);
     let result = rt.block_on(async move {
         match command {
-            args::Command::Run(o) => runner::run(*o).await,
-            other => cmds::run(other).await,
+            args::Command::Run(o) => runner::run(*o, &call).await,
+            other => cmds::run(other, &call).await,
         }
     });
     let code = match result {

@@ -13,6 +13,7 @@ use std::io::Write;
 use std::path::Path;
 
 use super::ShimError;
+use crate::call::Call;
 use argus_podman_core::selfid::SelfContainer;
 
 /// The prefix of the owner ids of nodes that run on the host; no container
@@ -22,19 +23,35 @@ pub const HOST_PREFIX: &str = "host-";
 /// The file, in the state folder, that holds a host node's owner id.
 pub const OWNER_FILE: &str = "shim-owner";
 
-/// Returns the owner id of this node: `ARGUS_SHIM_OWNER`, else the Ray
-/// container's id, else the host node's id from the state folder.
+/// Returns the owner id of this node, as this process's environment
+/// gives it (the node agent's janitor); see [`owner_of`].
 pub fn node_owner(me: Option<&SelfContainer>) -> Result<String, ShimError> {
-    if let Some(o) = std::env::var("ARGUS_SHIM_OWNER")
-        .ok()
-        .filter(|o| !o.trim().is_empty())
-    {
-        return Ok(o.trim().to_string());
+    owner_of(
+        me,
+        std::env::var("ARGUS_SHIM_OWNER").ok().as_deref(),
+        &state_dir(),
+    )
+}
+
+/// Returns the owner id of the node of `call`; see [`owner_of`].
+pub fn node_owner_in(me: Option<&SelfContainer>, call: &Call) -> Result<String, ShimError> {
+    owner_of(me, call.var("ARGUS_SHIM_OWNER").as_deref(), &call.state_dir)
+}
+
+/// Returns the owner id of a node: `ARGUS_SHIM_OWNER` (`set`), else the
+/// Ray container's id, else the host node's id from the state folder.
+fn owner_of(
+    me: Option<&SelfContainer>,
+    set: Option<&str>,
+    state_dir: &Path,
+) -> Result<String, ShimError> {
+    if let Some(o) = set.map(str::trim).filter(|o| !o.is_empty()) {
+        return Ok(o.to_string());
     }
     if let Some(me) = me {
         return Ok(me.id.clone());
     }
-    host_owner(&state_dir())
+    host_owner(state_dir)
 }
 
 /// Returns this node's state folder, as this process's `ARGUS_STATE_DIR`

@@ -36,7 +36,7 @@ use super::owner;
 use super::resolve::resolve;
 use super::watchdog;
 use super::{ShimError, EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND, EXIT_SHIM};
-use crate::caller::{caller_groups, caller_ulimits};
+use crate::call::Call;
 use argus_podman_core::args::{PullPolicy, RunOpts, Source};
 use argus_podman_core::policy::{Policy, PolicyError, ResolvedImage};
 use argus_podman_core::selfid::SelfContainer;
@@ -273,6 +273,7 @@ async fn context(
     docker: &Docker,
     o: &RunOpts,
     me: Option<SelfContainer>,
+    call: &Call,
 ) -> Result<Context, ShimError> {
     let runtimes = match &o.runtime {
         Some(_) => {
@@ -301,25 +302,18 @@ async fn context(
         })?;
         env_files.insert(f.clone(), text);
     }
-    let owner = owner::node_owner(me.as_ref())?;
+    let owner = owner::node_owner_in(me.as_ref(), call)?;
     let pid = std::process::id();
     Ok(Context {
         me,
         uid: nix::unistd::getuid().as_raw(),
         gid: nix::unistd::getgid().as_raw(),
-        env: std::env::vars_os()
-            .map(|(k, v)| {
-                (
-                    k.to_string_lossy().into_owned(),
-                    v.to_string_lossy().into_owned(),
-                )
-            })
-            .collect(),
+        env: call.env.clone(),
         runtimes,
         owner,
         shim_pid: pid,
         shim_start: docker::process_start(pid).unwrap_or(0),
-        groups: caller_groups(),
+        groups: call.caller.groups.clone(),
         canonical,
         env_files,
     })
@@ -423,26 +417,25 @@ fn present_devices(o: &RunOpts) -> HashSet<String> {
 }
 
 /// Runs `podman run` and returns its exit code.
-pub async fn run(mut o: RunOpts) -> Result<u8, ShimError> {
+pub async fn run(mut o: RunOpts, call: &Call) -> Result<u8, ShimError> {
     check_name(&o)?;
-    let mut policy = Policy::from_env(|k| std::env::var(k).ok())?;
-    let docker = docker::connect().await?;
+    let mut policy = call.policy()?;
+    let docker = docker::connect_to(&call.docker).await?;
     let me = docker::whoami(&docker).await?;
     policy.resolve(me.as_ref(), |p| resolve(p).ok());
     policy.present_devices = present_devices(&o);
-    policy.caller_ulimits = caller_ulimits();
     policy.caller = Some((
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw(),
     ));
-    policy.socket_gid = docker::host().socket_path().and_then(|p| {
+    policy.socket_gid = call.docker.socket_path().and_then(|p| {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(p).ok().map(|m| m.gid())
     });
     // The caller's spelling, for messages; `o.image` becomes the full ID.
     let shown = o.image.clone();
     resolve_image(&docker, &mut o, &mut policy).await?;
-    let ctx = context(&docker, &o, me).await?;
+    let ctx = context(&docker, &o, me, call).await?;
     let refs = resolve_refs(&docker, &mut o, &ctx.owner, policy.relaxed).await?;
     policy.owned_refs = refs.owned;
     // The janitor runs at each shim start, beside the real work, and stops
