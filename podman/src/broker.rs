@@ -31,7 +31,7 @@ use super::client::SOCKET;
 use super::handler::CONNECTION_FD;
 use super::report::{self, REPORT_FD};
 use super::transport::{self, ToClient};
-use super::EXIT_SHIM;
+use crate::error::EXIT_SHIM;
 use argus_supervise::reaper;
 use argus_telemetry::metrics;
 

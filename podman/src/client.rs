@@ -15,7 +15,7 @@ use nix::sys::signal::{SigSet, Signal};
 
 use super::runner::FORWARDED;
 use super::transport::{self, Request, ToAgent, ToClient};
-use super::EXIT_SHIM;
+use crate::error::EXIT_SHIM;
 
 /// The agent's socket, in its state folder.
 pub const SOCKET: &str = "shim.sock";
@@ -24,7 +24,7 @@ pub const SOCKET: &str = "shim.sock";
 /// (the agent puts `ARGUS_STATE_DIR` in Ray's environment). A job that moves
 /// it only talks to a server of its own, which has no Docker socket.
 pub fn socket_path() -> PathBuf {
-    crate::owner::state_dir().join(SOCKET)
+    crate::settings::state_dir().join(SOCKET)
 }
 
 /// Runs the call through the node agent and returns its exit code; None

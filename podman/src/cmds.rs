@@ -19,8 +19,8 @@ use serde_json::{json, Value};
 
 use super::docker::{self, is_not_found, message};
 use super::runner;
-use super::{ShimError, EXIT_SHIM};
 use crate::call::Call;
+use crate::error::{ShimError, EXIT_SHIM};
 use argus_podman_core::args::{Command, ShowOpts, Source};
 use argus_podman_core::labels::{LABEL_OWNER, LABEL_PREFIX};
 use argus_podman_core::policy::{Policy, PolicyError, ResolvedImage};

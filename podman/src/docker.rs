@@ -4,7 +4,7 @@ use bollard::errors::Error as BollardError;
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use bollard::Docker;
 
-use super::ShimError;
+use crate::error::ShimError;
 use argus_podman_core::docker_host::DockerHost;
 use argus_podman_core::selfid;
 use argus_podman_core::selfid::SelfContainer;

@@ -31,8 +31,8 @@ use super::report;
 use super::runner::FORWARDED;
 use super::settings::NodeSettings;
 use super::transport::{self, Request, ToAgent, ToClient};
-use super::EXIT_SHIM;
 use crate::call::Caller;
+use crate::error::EXIT_SHIM;
 use argus_podman_core::docker_host::DockerHost;
 use argus_supervise::privs;
 

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::docker::{self, remove, running_process_start, Removal};
 use super::owner;
-use super::ShimError;
+use crate::error::ShimError;
 use argus_podman_core::labels::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
 
 /// What a sweep removes.
@@ -188,7 +188,7 @@ pub fn record_in(state: &Path, id: &str) -> std::io::Result<()> {
 /// not: its broker records what it reports.
 pub fn record_created(id: &str) {
     if nix::unistd::geteuid().is_root() {
-        if let Err(e) = record_in(&owner::state_dir(), id) {
+        if let Err(e) = record_in(&crate::settings::state_dir(), id) {
             tracing::warn!(id, error = %e, "cannot record the container this shim created");
         }
     }
@@ -374,7 +374,7 @@ pub async fn sweep_shim(
 pub fn sweep_blocking(scope: JanitorScope, stop: &CancellationToken) -> anyhow::Result<usize> {
     sweep_until(
         docker::host().address(),
-        &owner::state_dir(),
+        &crate::settings::state_dir(),
         None,
         scope,
         stop,
@@ -383,7 +383,7 @@ pub fn sweep_blocking(scope: JanitorScope, stop: &CancellationToken) -> anyhow::
 
 /// [`sweep_blocking`] against the daemon at `addr`, never cut short.
 pub fn sweep_blocking_at(addr: &str, scope: JanitorScope) -> anyhow::Result<usize> {
-    sweep_owner_blocking(addr, &owner::state_dir(), None, scope)
+    sweep_owner_blocking(addr, &crate::settings::state_dir(), None, scope)
 }
 
 /// Sweeps the containers of `owner` (default: this node's, see

@@ -12,8 +12,8 @@
 use std::io::Write;
 use std::path::Path;
 
-use super::ShimError;
 use crate::call::Call;
+use crate::error::ShimError;
 use argus_podman_core::selfid::SelfContainer;
 
 /// The prefix of the owner ids of nodes that run on the host; no container
@@ -29,7 +29,7 @@ pub fn node_owner(me: Option<&SelfContainer>) -> Result<String, ShimError> {
     owner_of(
         me,
         std::env::var("ARGUS_SHIM_OWNER").ok().as_deref(),
-        &state_dir(),
+        &crate::settings::state_dir(),
     )
 }
 
@@ -52,13 +52,6 @@ fn owner_of(
         return Ok(me.id.clone());
     }
     host_owner(state_dir)
-}
-
-/// Returns this node's state folder, as this process's `ARGUS_STATE_DIR`
-/// names it (the one reading of that variable in the shim; see
-/// [`argus_config::state_dir_or_default`]).
-pub fn state_dir() -> std::path::PathBuf {
-    argus_config::state_dir_or_default(std::env::var("ARGUS_STATE_DIR").ok().as_deref())
 }
 
 /// Returns true if and only if `id` is a host node's owner id (or the

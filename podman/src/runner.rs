@@ -35,8 +35,8 @@ use super::janitor::{self, JanitorScope};
 use super::owner;
 use super::resolve::resolve;
 use super::watchdog;
-use super::{ShimError, EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND, EXIT_SHIM};
 use crate::call::Call;
+use crate::error::{ShimError, EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND, EXIT_SHIM};
 use argus_podman_core::args::{PullPolicy, RunOpts, Source};
 use argus_podman_core::policy::{Policy, PolicyError, ResolvedImage};
 use argus_podman_core::selfid::SelfContainer;
@@ -443,10 +443,10 @@ pub async fn run(mut o: RunOpts, call: &Call) -> Result<u8, ShimError> {
     let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
     {
         let (docker, owner, stop) = (docker.clone(), ctx.owner.clone(), stop.clone());
+        let state_dir = call.state_dir.clone();
         tasks.spawn(async move {
             let scope = JanitorScope::DeadShims;
-            if let Err(e) = janitor::sweep(&docker, &owner::state_dir(), &owner, scope, &stop).await
-            {
+            if let Err(e) = janitor::sweep(&docker, &state_dir, &owner, scope, &stop).await {
                 tracing::debug!(error = %e, "janitor sweep failed");
             }
         });

@@ -170,6 +170,13 @@ pub enum Source {
     Environment,
 }
 
+/// Returns this node's state folder, as this process's `ARGUS_STATE_DIR`
+/// names it (the one reading of that variable in the shim; see
+/// [`argus_config::state_dir_or_default`]).
+pub fn state_dir() -> PathBuf {
+    argus_config::state_dir_or_default(std::env::var("ARGUS_STATE_DIR").ok().as_deref())
+}
+
 /// Finds where this shim's settings come from (see the module docs).
 pub fn locate() -> Source {
     if let Some((pid, dir)) = agent_ancestor() {
@@ -178,7 +185,7 @@ pub fn locate() -> Source {
             file: dir.join(FILE),
         };
     }
-    let file = crate::owner::state_dir().join(FILE);
+    let file = state_dir().join(FILE);
     if file.exists() {
         Source::StateDir(file)
     } else {
