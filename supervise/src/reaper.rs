@@ -21,7 +21,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tracing::{debug, info, warn};
 
-use super::Stop;
+use crate::stop::Stop;
 
 /// Signals the agent receives synchronously; all of them are blocked in every
 /// thread and reset to unblocked in children before `exec`.
