@@ -142,8 +142,14 @@ class Cluster:
         with open(os.path.join(REPO, "docker/tools/ray_nodes.py")) as f:
             rc, out, err = self.exec("head", "timeout", "60", "python", "-", stdin=f.read(), timeout=90, user="ray")
         if rc != 0:
-            return None, err.strip().splitlines()[-1:] or [f"exit {rc}"]
-        return json.loads(out), None
+            return None, (err.strip().splitlines() or [f"exit {rc}"])[-1]
+        try:
+            return json.loads(out), None
+        except ValueError as e:
+            # A Ray client cut short under load (its driver killed, the GCS
+            # gone mid-call) can exit 0 with nothing printed: not recovered yet.
+            last = (err.strip().splitlines() or ["nothing on stderr"])[-1][:200]
+            return None, f"not JSON ({e}): {out.strip()[:80]!r}; {last}"
 
     def ips(self):
         fmt = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
@@ -512,6 +518,10 @@ class Soak:
         return self.report()
 
     def report(self):
+        # The compose logs first and the table last, so that the tail of a
+        # failed run's output (all a CI log may keep) holds the table.
+        if any(r["broken"] for r in self.rows) or len(self.rows) != self.o.faults or self.rss_bad():
+            self.dump()
         print(f"\n{'#':>3}  {'fault':<18} {'recovery s':>10} {'bound s':>7}  {'serve answers after':<20} invariants")
         for r in self.rows:
             inv = "ok" if not r["broken"] else "BROKEN: " + " | ".join(r["broken"])
@@ -522,19 +532,24 @@ class Soak:
         for k in sorted({r["kind"] for r in self.rows}):
             rs = [r["recovery_s"] for r in self.rows if r["kind"] == k]
             print(f"  {k:<18} n={len(rs):<3} worst recovery {max(rs):6.1f} s (bound {self.o.bound.get(k, FAULTS[k])} s)")
-        rss_bad = []
         for s in SERVICES:
-            a, b = self.rss_first.get(s), self.rss_last.get(s)
-            print(f"  agent RSS {s:<9} first {a} KiB, last {b} KiB")
-            if a is None or b is None or b > a + self.o.rss_growth_kib:
-                rss_bad.append(s)
+            print(f"  agent RSS {s:<9} first {self.rss_first.get(s)} KiB, last {self.rss_last.get(s)} KiB")
+        rss_bad = self.rss_bad()
         if rss_bad:
             print(f"agent RSS grew by more than {self.o.rss_growth_kib} KiB (or unreadable) on: {', '.join(rss_bad)}")
         ok = survived == self.o.faults and not rss_bad
-        print("soak: " + ("PASSED" if ok else "FAILED"))
-        if not ok:
-            self.dump()
+        print("soak: " + ("PASSED" if ok else "FAILED"), flush=True)
         return 0 if ok else 1
+
+    def rss_bad(self):
+        """The services whose agent RSS grew by more than --rss-growth-kib
+        (or could not be read)."""
+        bad = []
+        for s in SERVICES:
+            a, b = self.rss_first.get(s), self.rss_last.get(s)
+            if a is None or b is None or b > a + self.o.rss_growth_kib:
+                bad.append(s)
+        return bad
 
     def dump(self):
         try:
@@ -624,6 +639,12 @@ def main():
         # Interrupted (Ctrl-C, SIGTERM): the table of the faults done so far.
         if soak.rows:
             soak.report()
+        return 1
+    except Exception:  # a bug of this script: its trace, then the table so far
+        import traceback
+        traceback.print_exc()
+        log("soak.py failed (above); the faults done so far:")
+        soak.report()
         return 1
     finally:
         log(f"tearing down project {o.project}")
