@@ -99,7 +99,11 @@ fn a_stopped_worker_moves_serve_away_before_the_lb_and_stops_once_nothing_is_lef
     let t0 = Instant::now();
     w.signal(libc::SIGTERM);
     w.wait_for("draining", WAIT, |a| a.state() == "draining");
-    let args = std::fs::read_to_string(d.sb.path().join("drain-args")).unwrap();
+    // The agent says `draining` before its helper has started: wait for the
+    // helper's record of its arguments.
+    let args_file = d.sb.path().join("drain-args");
+    w.wait_for("the drain helper started", WAIT, |_| args_file.exists());
+    let args = std::fs::read_to_string(&args_file).unwrap();
     assert!(
         args.contains("--gcs 127.0.0.5:4000") && args.contains("--node-ip 127.0.0.1"),
         "{args}"
