@@ -165,9 +165,21 @@ fn brokered_calls_move_the_shim_metrics_by_exactly_what_they_did() {
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
+    // Killed once its handler has the daemon's answer to the create (the
+    // broker recorded the ID): a kill while the create is still in flight
+    // leaves the container to the watchdog and the count at 0, which a
+    // loaded machine hit when this waited only for the container.
     let until = Instant::now() + Duration::from_secs(30);
-    while containers_with(&killed).is_empty() {
-        assert!(Instant::now() < until, "the killed run created nothing");
+    loop {
+        let ids = containers_with(&killed);
+        let recorded = argus_podman::janitor::recorded(&state);
+        if ids.iter().any(|id| recorded.contains(id)) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the killed run's container {ids:?} was not recorded"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     child.kill().unwrap();
