@@ -36,7 +36,7 @@ alive_ids() {
   local head
   head=$(dc ps -q head 2>/dev/null) || return 0
   [ -n "$head" ] || return 0
-  docker exec -u ray -i "$head" timeout 60 python - <docker/tools/ray_nodes.py 2>/dev/null \
+  docker exec "$head" timeout 60 argus-agent ray-tool nodes </dev/null 2>/dev/null \
     | python3 -c 'import json,sys; [print(n["id"]) for n in json.load(sys.stdin)["nodes"] if n["alive"]]' 2>/dev/null || true
 }
 

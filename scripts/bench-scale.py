@@ -22,20 +22,32 @@ default it is pointed at a missing socket (DOCKER_HOST) so that the shared
 daemon is spared; --janitor keeps the real socket and also measures the
 daemon's CPU.
 
-fs.inotify.max_user_instances (128 by default, per uid, and all the agents
-here run as one uid) is raised for the run when it is too low and we are
-root, and restored afterwards; --no-raise keeps it, so that most workers
-degrade to polling.
+Host limits that N agents reach (each worker holds an inotify instance and
+a watch, ~14 tasks, a PID and a mount namespace, all as one uid):
+fs.inotify.max_user_instances / max_user_watches, kernel.pid_max /
+threads-max, user.max_pid_namespaces / max_mnt_namespaces, fs.file-max are
+raised for the run from what is in use now plus what N needs, and restored
+afterwards unless something else changed them meanwhile (e.g. a concurrent
+run); what cannot be raised (a cgroup's pids.max, memory) stops the run
+with one line. --no-raise keeps the inotify limits, so that workers beyond
+them degrade to polling. The open counter's own inotify instance is taken
+once, before any agent starts, so the agents cannot use it up.
 
 Usage: scripts/bench-scale.py [--n 100 300 1000] [--check] [--events on off]
                               [--steady 30] [--json FILE] [--bin PATH]
 --check exits 1 unless every worker rejoined exactly once and no agent died.
 """
-import argparse, ctypes, json, os, shutil, signal, socket, statistics, struct, subprocess, sys, tempfile, threading, time
+import argparse, ctypes, json, os, resource, select, shutil, signal, socket, statistics, struct, subprocess, sys, tempfile, threading, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKE_RAY = os.path.join(ROOT, "tests/fixtures/fake-ray")
 INOTIFY_LIMIT = "/proc/sys/fs/inotify/max_user_instances"
+# Per worker, measured at N = 20 with a debug build on a 2-core box: 14
+# tasks (unshare, the agent's threads, the stand-in's raylet and sleep),
+# ~3 MiB of PSS for the lot (release: less). Rounded up: a rejoin briefly
+# runs the old and the new stand-in side by side.
+TASKS_PER_WORKER = 20
+MIB_PER_WORKER = 4
 
 # The stand-in `ray`: the head is the test fixture (it opens the GCS port and
 # the raylet socket the agent checks); a worker records the time of its
@@ -62,41 +74,225 @@ def worker_ip(i):
 
 
 class OpenCounter:
-    """Counts IN_OPEN and IN_ACCESS events on one file name in a folder."""
+    """Counts IN_OPEN and IN_ACCESS events on one file name in a folder.
 
-    IN_ACCESS, IN_OPEN = 0x1, 0x20
+    Its inotify instance is created once, in main(), before any agent
+    starts: every worker agent holds an instance of its own for file events,
+    all as the same uid, so an instance created once N agents run fails
+    with EMFILE at fs.inotify.max_user_instances (or when a concurrent run
+    put the limit back under this one). Each run only adds a watch on its
+    folder (watch()) and removes it after the steady window (unwatch())."""
 
-    def __init__(self, folder, name):
-        libc = ctypes.CDLL(None, use_errno=True)
-        self.fd = libc.inotify_init1(0)
+    IN_ACCESS, IN_OPEN, IN_Q_OVERFLOW = 0x1, 0x20, 0x4000
+
+    def __init__(self):
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if self.fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1")
-        if libc.inotify_add_watch(self.fd, folder.encode(), self.IN_ACCESS | self.IN_OPEN) < 0:
-            raise OSError(ctypes.get_errno(), "inotify_add_watch")
-        self.name = name.encode()
-        self.opens = self.reads = 0
-        self.overflow = 0
-        threading.Thread(target=self.run, daemon=True).start()
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        self.wd, self.name = -1, b""
+        self.opens = self.reads = self.overflow = 0
+        self.stop_r, self.stop_w = os.pipe()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def watch(self, folder, name):
+        self.unwatch()
+        wd = self.libc.inotify_add_watch(self.fd, folder.encode(), self.IN_ACCESS | self.IN_OPEN)
+        if wd < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"inotify_add_watch {folder}: {os.strerror(e)} "
+                             f"(fs.inotify.max_user_watches = {read_int('/proc/sys/fs/inotify/max_user_watches')})")
+        self.name, self.wd = name.encode(), wd
+
+    def unwatch(self):
+        if self.wd >= 0:
+            wd, self.wd = self.wd, -1
+            self.libc.inotify_rm_watch(self.fd, wd)
 
     def run(self):
+        p = select.poll()
+        p.register(self.fd, select.POLLIN)
+        p.register(self.stop_r, select.POLLIN)
         while True:
-            try:
-                buf = os.read(self.fd, 1 << 16)
-            except OSError:
+            if any(fd == self.stop_r for fd, _ in p.poll()):
                 return
-            off = 0
-            while off < len(buf):
-                _, mask, _, ln = struct.unpack_from("iIII", buf, off)
-                name = buf[off + 16: off + 16 + ln].rstrip(b"\0")
-                off += 16 + ln
-                if mask & 0x4000:  # IN_Q_OVERFLOW
-                    self.overflow += 1
-                if name == self.name:
-                    self.opens += bool(mask & self.IN_OPEN)
-                    self.reads += bool(mask & self.IN_ACCESS)
+            while True:
+                try:
+                    buf = os.read(self.fd, 1 << 16)
+                except BlockingIOError:
+                    break
+                off = 0
+                while off < len(buf):
+                    wd, mask, _, ln = struct.unpack_from("iIII", buf, off)
+                    name = buf[off + 16: off + 16 + ln].rstrip(b"\0")
+                    off += 16 + ln
+                    if mask & self.IN_Q_OVERFLOW:
+                        self.overflow += 1
+                    elif wd == self.wd and name == self.name:
+                        self.opens += bool(mask & self.IN_OPEN)
+                        self.reads += bool(mask & self.IN_ACCESS)
 
     def snapshot(self):
-        return self.opens, self.reads
+        return self.opens, self.reads, self.overflow
+
+    def close(self):
+        os.write(self.stop_w, b"x")
+        self.thread.join(5)
+        for fd in (self.fd, self.stop_r, self.stop_w):
+            os.close(fd)
+
+
+def read_int(path):
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def sysctl_name(path):
+    return path[len("/proc/sys/"):].replace("/", ".")
+
+
+def in_use(uid):
+    """What this host holds now: tasks (all users), the file handles of
+    fs.file-nr, distinct PID and mount namespaces, and `uid`'s inotify
+    instances and watches (the limits are per uid; a descriptor shared
+    after a fork counts twice, which only raises more)."""
+    u = dict(tasks=0, instances=0, watches=0, files=0)
+    pidns, mntns = set(), set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        base = f"/proc/{pid}"
+        try:
+            u["tasks"] += len(os.listdir(base + "/task"))
+            pidns.add(os.readlink(base + "/ns/pid"))
+            mntns.add(os.readlink(base + "/ns/mnt"))
+            if os.stat(base).st_uid != uid:
+                continue
+            fds = os.listdir(base + "/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"{base}/fd/{fd}") != "anon_inode:inotify":
+                    continue
+                with open(f"{base}/fdinfo/{fd}") as f:
+                    u["watches"] += f.read().count("inotify wd:")
+                u["instances"] += 1
+            except OSError:
+                pass
+    u["pidns"], u["mntns"] = len(pidns), len(mntns)
+    u["files"] = read_int("/proc/sys/fs/file-nr") or 0
+    return u
+
+
+class HostLimits:
+    """Raises, for the run, the host limits that N agents would reach, and
+    puts them back afterwards; what cannot be raised stops the run with one
+    line (sys.exit), before any agent starts."""
+
+    def __init__(self):
+        self.changed = []  # (path, value before, value set)
+
+    def raise_to(self, path, need, why, hint=""):
+        cur = read_int(path)
+        if cur is None or cur >= need:  # absent on this kernel, or enough
+            return
+        try:
+            with open(path, "w") as f:
+                f.write(str(need))
+        except OSError as e:
+            sys.exit(f"bench-scale: {why} needs {sysctl_name(path)} >= {need} (now {cur}) and it cannot be "
+                     f"raised: {e.strerror}; run `sysctl -w {sysctl_name(path)}={need}` as root on the host{hint}")
+        self.changed.append((path, cur, need))
+        print(f"bench-scale: {sysctl_name(path)} raised from {cur} to {need} for the run ({why})", file=sys.stderr)
+
+    def prepare(self, args):
+        n, heads = max(args.n), 2
+        u = in_use(os.geteuid())
+        if "on" in args.events and not args.no_raise:
+            why = f"{n} agents' file events (an inotify instance and a watch each, one uid)"
+            hint = ", or pass --no-raise (workers beyond the limit then poll alone)"
+            # user.* is this user namespace's own limit (on the host, the
+            # same value as fs.inotify.*; in a child namespace both count).
+            for path in ("/proc/sys/fs/inotify/max_user_instances", "/proc/sys/user/max_inotify_instances"):
+                self.raise_to(path, u["instances"] + n + heads + 1 + 256, why, hint)
+            for path in ("/proc/sys/fs/inotify/max_user_watches", "/proc/sys/user/max_inotify_watches"):
+                self.raise_to(path, u["watches"] + n + heads + 1 + 1024, why, hint)
+        tasks = u["tasks"] + n * TASKS_PER_WORKER + 1024
+        why = f"{n} workers (~{TASKS_PER_WORKER} tasks each)"
+        self.raise_to("/proc/sys/kernel/pid_max", tasks, why)
+        self.raise_to("/proc/sys/kernel/threads-max", tasks, why)
+        why = f"{n} agents (each in a PID and a mount namespace)"
+        self.raise_to("/proc/sys/user/max_pid_namespaces", u["pidns"] + n + heads + 256, why)
+        self.raise_to("/proc/sys/user/max_mnt_namespaces", u["mntns"] + n + heads + 256, why)
+        self.raise_to("/proc/sys/fs/file-max", u["files"] + n * 64 + 4096, f"{n} agents' open files")
+        # This process's own limits, inherited by the agents (no restore
+        # needed). The script itself holds a handful of descriptors
+        # whatever N is (no pipes to the agents).
+        for lim, name, need in ((resource.RLIMIT_NPROC, "processes (ulimit -u)", tasks),
+                                (resource.RLIMIT_NOFILE, "open files (ulimit -n)", 1024)):
+            soft, hard = resource.getrlimit(lim)
+            if soft != resource.RLIM_INFINITY and soft < need:
+                new_hard = hard if hard == resource.RLIM_INFINITY or hard >= need else need
+                try:
+                    resource.setrlimit(lim, (need, new_hard))
+                except (OSError, ValueError) as e:
+                    sys.exit(f"bench-scale: N = {n} needs a limit of {need} {name}, it is {soft} (hard {hard}) and cannot be raised: {e}")
+        check_cgroup_tasks(n * TASKS_PER_WORKER + 256)
+        avail = next((int(l.split()[1]) // 1024 for l in open("/proc/meminfo") if l.startswith("MemAvailable:")), None)
+        need = n * MIB_PER_WORKER + 256
+        if avail is not None and avail < need:
+            sys.exit(f"bench-scale: N = {n} needs about {need} MiB of memory ({MIB_PER_WORKER} MiB per worker with its stand-in ray) and {avail} MiB are available")
+
+    def restore(self):
+        for path, before, value in reversed(self.changed):
+            cur = read_int(path)
+            if cur != value:
+                print(f"bench-scale: {sysctl_name(path)} is {cur}, not the {value} this run set: something else changed it "
+                      f"meanwhile, left as is (it was {before} before the run)", file=sys.stderr)
+                continue
+            try:
+                with open(path, "w") as f:
+                    f.write(str(before))
+                print(f"bench-scale: {sysctl_name(path)} restored to {before}", file=sys.stderr)
+            except OSError as e:
+                print(f"bench-scale: cannot restore {sysctl_name(path)} to {before}: {e.strerror}", file=sys.stderr)
+        self.changed = []
+
+
+def check_cgroup_tasks(need):
+    """A task limit of this process's cgroup or an ancestor (systemd's
+    TasksMax, e.g. a login session's user slice) is not raised here: it
+    belongs to whoever set it. One line if it is too low."""
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        _, ctrls, path = line.split(":", 2)
+        if ctrls == "" and os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+            root = "/sys/fs/cgroup"
+        elif "pids" in ctrls.split(","):
+            root = "/sys/fs/cgroup/pids"
+        else:
+            continue
+        while True:
+            d = os.path.join(root, path.lstrip("/"))
+            try:
+                mx = open(os.path.join(d, "pids.max")).read().strip()
+                cur = int(open(os.path.join(d, "pids.current")).read())
+            except (OSError, ValueError):
+                mx = "max"
+            if mx != "max" and int(mx) - cur < need:
+                sys.exit(f"bench-scale: cgroup {path} allows {mx} tasks, {cur} are in use, and the agents need ~{need} more: "
+                         f"run it from a cgroup without that limit, e.g. `systemd-run --scope -p TasksMax=infinity {' '.join(sys.argv)}`")
+            if path in ("", "/"):
+                break
+            path = os.path.dirname(path)
 
 
 def agent_pid(wrapper_pid):
@@ -258,8 +454,7 @@ def wait_until(what, cond, timeout, every=0.05):
     return False
 
 
-def steady(c, names, seconds):
-    counter = OpenCounter(os.path.dirname(c.head_file), "head.json")
+def steady(c, names, seconds, counter):
     pids = c.agents(names)
     dockerd = [int(x) for x in subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()]
     t0 = time.time()
@@ -271,7 +466,7 @@ def steady(c, names, seconds):
     cpu1 = {n: cpu_seconds(p) for n, p in pids.items()}
     d1 = sum(cpu_seconds(p) for p in dockerd)
     dt = time.time() - t0
-    os.close(counter.fd)
+    counter.unwatch()  # no counting (Python wake-ups) during the rejoin
     workers = [n for n in pids if n != "head-a"]
     mem = {n: smaps(pids[n]) for n in workers}
     priv = [m.get("Private_Clean", 0) + m.get("Private_Dirty", 0) for m in mem.values()]
@@ -289,11 +484,11 @@ def steady(c, names, seconds):
         record_opens_per_s=round((o1[0] - o0[0]) / dt, 1),
         record_reads_per_s=round((o1[1] - o0[1]) / dt, 1),
         opens_per_worker_per_poll=round((o1[0] - o0[0]) / dt * c.args.poll / max(1, len(workers)), 3),
-        inotify_overflows=counter.overflow,
+        inotify_overflows=o1[2] - o0[2],
     )
 
 
-def run_one(args, n, events):
+def run_one(args, n, events, counter):
     tmp = tempfile.mkdtemp(prefix=f"argus-scale-{n}-{events}-", dir=args.tmp)
     c = Cluster(args, n, events, tmp)
     c.head_port, c.dash_port = free_port(), free_port()
@@ -303,6 +498,13 @@ def run_one(args, n, events):
         if not wait_until("the first head's record", lambda: (c.record() or {}).get("head_ip") == "127.9.0.1", 60):
             res["problems"].append("head A never published")
             return res
+        if args.steady > 0:
+            # The watch is in place before any worker starts (see OpenCounter).
+            try:
+                counter.watch(os.path.dirname(c.head_file), "head.json")
+            except OSError as e:
+                res["problems"].append(f"open counter: {e.strerror}")
+                return res
         names = [f"w{i}" for i in range(n)]
         t = time.time()
         for i, name in enumerate(names):
@@ -317,7 +519,7 @@ def run_one(args, n, events):
             k = s.split(":")[0]
             res["workers_file_events"][k] = res["workers_file_events"].get(k, 0) + 1
         if args.steady > 0:
-            res["steady"] = steady(c, ["head-a"] + names, args.steady)
+            res["steady"] = steady(c, ["head-a"] + names, args.steady, counter)
 
         # The head change: a new instance at a new address.
         c.stop("head-a")
@@ -369,6 +571,7 @@ def run_one(args, n, events):
         res["ok"] = not res["problems"]
         return res
     finally:
+        counter.unwatch()
         c.stop_all()
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -405,7 +608,7 @@ def main():
     ap.add_argument("--steady", type=float, default=30.0, help="seconds of steady-state measurement (0: skip)")
     ap.add_argument("--check", action="store_true", help="exit 1 unless every worker rejoined exactly once and no agent died")
     ap.add_argument("--janitor", action="store_true", help="let the agents' container janitor reach the real Docker socket")
-    ap.add_argument("--no-raise", action="store_true", help=f"do not raise {INOTIFY_LIMIT} for the run")
+    ap.add_argument("--no-raise", action="store_true", help="do not raise fs.inotify.max_user_instances / max_user_watches for the run")
     ap.add_argument("--json", default=os.path.join(ROOT, "target/bench-scale.json"))
     ap.add_argument("--bin", default=os.path.join(ROOT, "target/release/argus-agent"))
     ap.add_argument("--tmp", default=None, help="folder for the run's shared folder")
@@ -421,26 +624,26 @@ def main():
     if not os.path.exists(args.bin):
         print("bench-scale: building the release binary", file=sys.stderr)
         subprocess.run(["cargo", "build", "--release", "-p", "argus-agent"], cwd=ROOT, check=True)
-    old_limit = None
-    need = max(args.n) + 256
-    if "on" in args.events and not args.no_raise:
-        cur = int(open(INOTIFY_LIMIT).read())
-        if cur < need:
-            old_limit = cur
-            with open(INOTIFY_LIMIT, "w") as f:
-                f.write(str(need))
-            print(f"bench-scale: {INOTIFY_LIMIT} raised from {cur} to {need} for the run", file=sys.stderr)
-    results = []
+    # SIGTERM and SIGHUP unwind like ^C, so that the limits are restored.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _: sys.exit(128 + signum))
+    limits, counter, results = HostLimits(), None, []
     try:
+        limits.prepare(args)
+        try:
+            counter = OpenCounter()
+        except OSError as e:
+            sys.exit(f"bench-scale: cannot create the open counter's inotify instance: {e.strerror} "
+                     f"(fs.inotify.max_user_instances = {read_int(INOTIFY_LIMIT)}, "
+                     f"{in_use(os.geteuid())['instances']} in use by this uid)")
         for n in args.n:
             for ev in args.events:
                 print(f"bench-scale: N = {n}, file events {ev} ...", file=sys.stderr, flush=True)
-                results.append(run_one(args, n, ev))
+                results.append(run_one(args, n, ev, counter))
     finally:
-        if old_limit is not None:
-            with open(INOTIFY_LIMIT, "w") as f:
-                f.write(str(old_limit))
-            print(f"bench-scale: {INOTIFY_LIMIT} restored to {old_limit}", file=sys.stderr)
+        if counter:
+            counter.close()
+        limits.restore()
     table(results)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

@@ -80,6 +80,16 @@ COMPOSE = (["docker", "compose"] if subprocess.run(["docker", "compose", "versio
            else ["docker-compose"])
 
 
+
+def default_network_ip(pairs):
+    """The address on the network named *_default in `name=ip ...` (a GCS FT
+    head is also on the Redis network of its own); else the first one."""
+    all_ = [p.split("=", 1) for p in pairs.split() if "=" in p]
+    for k, v in all_:
+        if k.endswith("_default"):
+            return v
+    return all_[0][1] if all_ else ""
+
 def log(msg):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -146,8 +156,10 @@ class Cluster:
         c = self.cid(service)
         if not c:
             return None
-        return run(["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", c],
-                   check=False).stdout.strip() or None
+        out = run(["docker", "inspect", "-f",
+                   "{{range $k, $v := .NetworkSettings.Networks}}{{$k}}={{$v.IPAddress}} {{end}}", c],
+                  check=False).stdout
+        return default_network_ip(out) or None
 
     def head_exec(self, args, stdin=None, timeout=60, user="ray"):
         c = self.cid("head")
@@ -161,8 +173,7 @@ class Cluster:
 
     def nodes(self):
         """Ray's view from the head: {"alive": n, "nodes": [...]} or None."""
-        p = self.head_exec(["python", "-"], stdin=open(os.path.join(ROOT, "docker/tools/ray_nodes.py")).read(),
-                           timeout=30)
+        p = self.head_exec(["argus-agent", "ray-tool", "nodes"], timeout=30, user="root")
         if p is None or p.returncode:
             return None
         try:
@@ -205,12 +216,10 @@ class Cluster:
                 for rep in dep.get("replicas") or [] if rep.get("state") == "RUNNING"]
 
     def deploy(self, config=SERVE_CONFIG):
-        """`serve deploy` as the Ray user in the head; it takes a config file, not stdin
-        (a `-` would be read as an import path), so the YAML goes to the head's Ray temp dir."""
-        path = "/tmp/ray/tmp/bench-serve.yaml"
-        p = self.head_exec(["sh", "-c", f"cat > {path}"], stdin=config)
-        if p is not None and p.returncode == 0:
-            p = self.head_exec(["serve", "deploy", "-a", "http://127.0.0.1:8265", path], timeout=120)
+        """`serve deploy` in the head through `argus-agent ray-tool` (as the Ray user,
+        confined), the config on stdin."""
+        p = self.head_exec(["argus-agent", "ray-tool", "serve", "deploy", "-a", "http://127.0.0.1:8265", "-"],
+                           stdin=config, timeout=120, user="root")
         if p is None or p.returncode:
             raise SystemExit(f"bench-serve: serve deploy failed: {p and (p.stderr or p.stdout)[-2000:]}")
 

@@ -172,7 +172,7 @@ head=$("${compose[@]}" ps -q head)
 deadline=$(( $(date +%s) + ${ARGUS_UP_TIMEOUT_S:-300} ))
 log "waiting for 3 alive Ray nodes (up to ${ARGUS_UP_TIMEOUT_S:-300} s)"
 while :; do
-  out=$(docker exec -u ray -i "$head" python - <docker/tools/ray_nodes.py 2>/dev/null || true)
+  out=$(docker exec "$head" argus-agent ray-tool nodes </dev/null 2>/dev/null || true)
   alive=$(printf '%s' "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["alive"])' 2>/dev/null || echo 0)
   if [ "$alive" -ge 3 ]; then
     if [ "$gcs_ft" = 1 ]; then

@@ -52,6 +52,9 @@ sleep 5 # start nodes one after the other: they share one Ray session dir on one
 env $(node_env worker 127.0.0.3) ARGUS_RAY_EXTRA_ARGS="$worker_args" setsid "$bin" run 2>"$dir/worker.log" &
 echo $! > "$dir/worker.pid"
 echo "worker agent pid $(cat "$dir/worker.pid"); waiting for both nodes in ray.nodes()..."
+# Ray's token authentication is on: a driver needs the mode and the token
+# (the head agent's copy in its state folder).
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$dir/state-head/auth_token
 "$venv/bin/python" - <<PY
 import ray, time
 ray.init(address="127.0.0.2:$gcs_port", _node_ip_address="127.0.0.2", logging_level="ERROR")
@@ -62,4 +65,4 @@ for _ in range(120):
     time.sleep(1)
 print("alive nodes:", alive)
 PY
-echo "cluster up: RAY_ADDRESS=127.0.0.2:$gcs_port; logs in $dir; stop with: $0 stop"
+echo "cluster up: RAY_ADDRESS=127.0.0.2:$gcs_port RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$dir/state-head/auth_token; logs in $dir; stop with: $0 stop"

@@ -56,7 +56,11 @@ fi
 say() { printf 'roll: %s %s\n' "$(date +%H:%M:%S)" "$*"; }
 die() { say "error: $*" >&2; exit 1; }
 cid() { "${compose[@]}" ps -q "$1" 2>/dev/null | head -1; }
-addr() { echo $(docker inspect --format '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$1" 2>/dev/null); }
+# The address on the compose network (a GCS FT head is also on Redis's own).
+addr() {
+  docker inspect --format '{{range $k, $v := .NetworkSettings.Networks}}{{$k}}={{$v.IPAddress}} {{end}}' "$1" 2>/dev/null |
+    tr ' ' '\n' | awk -F= 'NF == 2 { if ($1 ~ /_default$/) d = $2; else if (f == "") f = $2 } END { print (d != "" ? d : f) }'
+}
 status() { docker exec "$1" argus-agent status --json 2>/dev/null || true; }
 field() { python3 -c 'import json,sys; v=json.load(sys.stdin); print(v.get(sys.argv[1]) or "")' "$1" 2>/dev/null || true; }
 
@@ -65,7 +69,7 @@ ray_alive() {
   local head
   head=$(cid head)
   [ -n "$head" ] || return 0
-  docker exec -u ray -i "$head" timeout 60 python - <docker/tools/ray_nodes.py 2>/dev/null |
+  docker exec "$head" timeout 60 argus-agent ray-tool nodes </dev/null 2>/dev/null |
     python3 -c 'import json,sys; print(" ".join(n["ip"] for n in json.load(sys.stdin)["nodes"] if n["alive"]))' 2>/dev/null || true
 }
 

@@ -56,6 +56,16 @@ RECORD_DIR = os.path.dirname(RECORD)
 SHIM_OWNER = "io.argus.shim.owner"
 
 
+
+def default_network_ip(pairs):
+    """The address on the network named *_default in `name=ip ...` (a GCS FT
+    head is also on the Redis network of its own); else the first one."""
+    all_ = [p.split("=", 1) for p in pairs.split() if "=" in p]
+    for k, v in all_:
+        if k.endswith("_default"):
+            return v
+    return all_[0][1] if all_ else ""
+
 def log(msg):
     print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -139,8 +149,7 @@ class Cluster:
         return sh(args + [self.ids[service]] + list(cmd), timeout=timeout, stdin=stdin)
 
     def ray_nodes(self):
-        with open(os.path.join(REPO, "docker/tools/ray_nodes.py")) as f:
-            rc, out, err = self.exec("head", "timeout", "60", "python", "-", stdin=f.read(), timeout=90, user="ray")
+        rc, out, err = self.exec("head", "timeout", "60", "argus-agent", "ray-tool", "nodes", timeout=90)
         if rc != 0:
             return None, (err.strip().splitlines() or [f"exit {rc}"])[-1]
         try:
@@ -152,8 +161,8 @@ class Cluster:
             return None, f"not JSON ({e}): {out.strip()[:80]!r}; {last}"
 
     def ips(self):
-        fmt = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
-        return {s: sh(["docker", "inspect", "-f", fmt, self.ids[s]])[1].strip() for s in SERVICES}
+        fmt = "{{range $k, $v := .NetworkSettings.Networks}}{{$k}}={{$v.IPAddress}} {{end}}"
+        return {s: default_network_ip(sh(["docker", "inspect", "-f", fmt, self.ids[s]])[1]) for s in SERVICES}
 
     def running(self, cid):
         rc, out, _ = sh(["docker", "inspect", "-f", "{{.State.Running}}", cid])
@@ -222,9 +231,8 @@ class Cluster:
         with open(os.path.join(REPO, "docker/serve/engine-image-uri.yaml")) as f:
             config = f.read().replace("${ENGINE_IMAGE}", image)
         rc, out, err = self.exec(
-            "head", "sh", "-c",
-            "cat > /tmp/ray/tmp/soak-serve.yaml && serve deploy -a http://127.0.0.1:8265 /tmp/ray/tmp/soak-serve.yaml",
-            user="ray", stdin=config, timeout=180)
+            "head", "argus-agent", "ray-tool", "serve", "deploy", "-a", "http://127.0.0.1:8265", "-",
+            stdin=config, timeout=180)
         return None if rc == 0 else f"serve deploy failed (rc {rc}): {(err.strip().splitlines() or [out.strip()])[-1][:200]}"
 
     def serve_get(self, timeout=10):

@@ -41,11 +41,12 @@ if [ $build = 1 ]; then
   docker image inspect "$engine" >/dev/null 2>&1 ||
     scripts/build-images.sh engine --local-base --no-vllm --engine-version stub-a >/dev/null
 fi
-# The Serve endpoint (lb) and GCS fault tolerance's Redis: built when missing,
-# also with --no-build (they do not depend on this checkout's agent).
+# The Serve endpoint (lb) and GCS fault tolerance's Redis: built from this
+# checkout every time, also with --no-build (seconds from Docker's cache; an
+# image of an older checkout, e.g. a Redis without the password the head
+# reads, would not do).
 lb_image=argus/argus-lb:$ARGUS_VERSION
 redis_image=argus/argus-redis:$ARGUS_VERSION
-docker image inspect "$lb_image" >/dev/null 2>&1 || scripts/build-images.sh lb --local-base >/dev/null
-docker image inspect "$redis_image" >/dev/null 2>&1 || scripts/build-images.sh redis --local-base >/dev/null
+scripts/build-images.sh lb redis --local-base >/dev/null
 exec python3 scripts/soak.py --node-image "$node_image" --engine-image "$engine" \
   --lb-image "$lb_image" --redis-image "$redis_image" "${args[@]}"

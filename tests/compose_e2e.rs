@@ -642,19 +642,7 @@ impl Cluster {
 
     /// GET `path` of the API; the `data` of a `success` answer.
     fn prom_get(&self, path: &str) -> Result<Value, String> {
-        use std::io::{Read, Write};
-        let addr = format!("127.0.0.1:{}", self.prometheus_port());
-        let mut s = std::net::TcpStream::connect(&addr).map_err(|e| format!("{addr}: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))
-            .map_err(|e| e.to_string())?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&raw);
-        let (_, body) = text
-            .split_once("\r\n\r\n")
-            .ok_or_else(|| format!("no HTTP body: {text}"))?;
-        let v: Value = serde_json::from_str(body).map_err(|e| format!("{e}: {body}"))?;
+        let v = http_get_json(&format!("127.0.0.1:{}", self.prometheus_port()), path)?;
         if v["status"] != "success" {
             return Err(format!("{path}: {v}"));
         }
@@ -749,6 +737,138 @@ fn container_logs(container: &str) -> String {
 /// docker-compose.gcs-ft.yaml, a detached actor on a worker answers after
 /// the head container is killed and started again, with its state, and the
 /// workers' Ray node ids are unchanged (they rode the restart through).
+/// What a Redis client gets from `who`: "NO-ROUTE ..." when it cannot
+/// connect, else Redis's answers to `AUTH <password>` (when given) and
+/// `PING`, one line each.
+const REDIS_PROBE: &str = r#"
+import socket, sys
+host, password = sys.argv[1], sys.argv[2]
+try:
+    s = socket.create_connection((host, 6379), timeout=5)
+except OSError as e:
+    print("NO-ROUTE", type(e).__name__); sys.exit(0)
+cmds = (f"AUTH {password}\r\n" if password else "") + "PING\r\n"
+s.sendall(cmds.encode())
+s.settimeout(5)
+got = b""
+try:
+    while got.count(b"\r\n") < cmds.count("\r\n"):
+        b = s.recv(4096)
+        if not b: break
+        got += b
+except OSError:
+    pass
+print(" ".join(l.decode(errors="replace") for l in got.split(b"\r\n") if l))
+"#;
+
+/// Issue 38 item 3: the GCS FT Redis is reachable by the head alone and
+/// only with its password. A task's view (the Ray user on a worker), an
+/// outsider on the compose network and an engine-like container on it have
+/// no route to it; the Ray user on the head (a job's driver) reaches it but
+/// is refused without the password; control: with the password, which only
+/// root reads from the head's read-only mount, PING answers PONG.
+fn redis_reachable_by_the_head_alone(c: &Cluster, head: &str) {
+    let worker = c.container("worker-1");
+    let probe = |args: &[&str]| -> String {
+        let o = output(Command::new("docker").args(args));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let task = probe(&[
+        "exec",
+        "-u",
+        "ray",
+        &worker,
+        "python",
+        "-I",
+        "-c",
+        REDIS_PROBE,
+        "redis",
+        "",
+    ]);
+    assert!(
+        task.starts_with("NO-ROUTE"),
+        "a task on a worker reached Redis: {task}"
+    );
+    let net = format!("{}_default", c.project);
+    let outsider = probe(&[
+        "run",
+        "--rm",
+        "--network",
+        &net,
+        "--entrypoint",
+        "python",
+        &node_image(),
+        "-I",
+        "-c",
+        REDIS_PROBE,
+        "redis",
+        "",
+    ]);
+    assert!(
+        outsider.starts_with("NO-ROUTE"),
+        "a container on the compose network reached Redis: {outsider}"
+    );
+    let driver = probe(&[
+        "exec",
+        "-u",
+        "ray",
+        head,
+        "python",
+        "-I",
+        "-c",
+        REDIS_PROBE,
+        "redis",
+        "",
+    ]);
+    assert!(
+        driver.contains("NOAUTH") && !driver.contains("PONG"),
+        "the Ray user on the head got an answer without the password: {driver}"
+    );
+    let read = output(Command::new("docker").args([
+        "exec",
+        "-u",
+        "ray",
+        head,
+        "cat",
+        "/run/argus-gcs-ft/password",
+    ]));
+    assert!(
+        !read.status.success(),
+        "the Ray user read the Redis password"
+    );
+    let password = probe(&["exec", head, "cat", "/run/argus-gcs-ft/password"]);
+    assert_eq!(
+        password.len(),
+        64,
+        "the generated Redis password: {password}"
+    );
+    let ps = probe(&[
+        "exec",
+        head,
+        "sh",
+        "-c",
+        "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'",
+    ]);
+    assert!(
+        !ps.contains(&password),
+        "the Redis password is in a process environment"
+    );
+    let control = probe(&[
+        "exec",
+        "-u",
+        "ray",
+        head,
+        "python",
+        "-I",
+        "-c",
+        REDIS_PROBE,
+        "redis",
+        &password,
+    ]);
+    assert_eq!(control, "+OK +PONG", "control: with the password");
+    log("GCS FT Redis: no route from a task, an outsider; NOAUTH for the Ray user on the head; PONG with the password");
+}
+
 #[test]
 fn compose_gcs_ft_detached_actor_rides_through_head_container_restart() {
     elapsed_since_start();
@@ -776,6 +896,7 @@ fn compose_gcs_ft_detached_actor_rides_through_head_container_restart() {
     ])))
     .expect("the head record as JSON");
     assert_eq!(record["gcs_ft"], true, "the head record: {record}");
+    redis_reachable_by_the_head_alone(&c, &head);
     let head_ip = c.ip("head");
     let workers: Vec<String> = nodes
         .iter()
@@ -1031,34 +1152,72 @@ fn compose_short_chaos_soak_keeps_every_invariant() {
     elapsed_since_start();
     require_docker();
     build_images(true);
+    build_redis_image();
+    build_lb_image();
     let root = workspace_root();
     let project = format!("argus-soak-e2e-{}", std::process::id());
     log(&format!(
         "scripts/soak.sh --faults 6 --seed 1 (project {project})"
     ));
-    let status = Command::new(root.join("scripts/soak.sh"))
+    // Its stdout (the fault table) is echoed line by line and kept: a
+    // failure's message names the broken faults and invariants, so that the
+    // one line scripts/test's report keeps of it says which check broke.
+    let mut child = Command::new(root.join("scripts/soak.sh"))
         .current_dir(&root)
         .args(["--faults", "6", "--seed", "1", "--no-build"])
         .args(["--node-image", &node_image()])
         .args(["--engine-image", &engine_image("stub-a")])
+        // The suite's Redis and lb (soak.sh's own tags are built only when
+        // missing: a stale one from an older checkout ran here, a Redis
+        // without the password the head now reads).
+        .args(["--redis-image", &redis_image()])
+        .args(["--lb-image", &lb_image()])
         .args(["--project", &project])
         .stdin(Stdio::null())
-        .status()
+        .stdout(Stdio::piped())
+        .spawn()
         .expect("cannot run scripts/soak.sh");
+    let mut table = Vec::new();
+    for line in std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap())) {
+        let line = line.expect("soak.sh's stdout");
+        println!("{line}");
+        table.push(line);
+    }
+    let status = child.wait().expect("scripts/soak.sh");
     assert!(
         status.success(),
-        "scripts/soak.sh --faults 6 --seed 1 failed ({status}); its table and logs are above"
+        "scripts/soak.sh --faults 6 --seed 1 failed ({status}): {}; the table and logs are in the test's output",
+        soak_verdict(&table)
     );
+}
+
+/// The lines of soak.py's report that say what broke, on one line: the
+/// count of faults survived, each BROKEN fault's row, an RSS growth.
+fn soak_verdict(table: &[String]) -> String {
+    let broken: Vec<&str> = table
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| {
+            l.starts_with("faults survived")
+                || l.contains("BROKEN")
+                || l.starts_with("agent RSS grew")
+        })
+        .collect();
+    if broken.is_empty() {
+        "no table (soak.py stopped before its report)".to_string()
+    } else {
+        broken.join(" || ")
+    }
 }
 
 /// The Serve configs of docker/serve/, merged into one deployment by a
 /// program in the head (PyYAML comes with Ray): reads {"configs": [yaml
 /// text, ...], "replicas": {app: n}} on stdin, keeps the applications named
 /// in `replicas` with that many replicas of each deployment (none left:
-/// `applications: []`, which deletes them all), writes the file and runs
-/// `serve deploy` as the Ray user.
+/// `applications: []`, which deletes them all) and prints the config, which
+/// `argus-agent ray-tool serve deploy -` then takes on stdin.
 const SERVE_DEPLOY_SCRIPT: &str = r#"
-import json, subprocess, sys, yaml
+import json, sys, yaml
 spec = json.load(sys.stdin)
 configs = [yaml.safe_load(t) for t in spec["configs"]]
 out = {k: v for k, v in configs[0].items() if k != "applications"}
@@ -1074,11 +1233,7 @@ for c in configs:
             d["num_replicas"] = n
         apps.append(a)
 out["applications"] = apps
-path = "/tmp/ray/tmp/argus-e2e-serve.yaml"
-with open(path, "w") as f:
-    yaml.safe_dump(out, f)
-print(yaml.safe_dump(out), file=sys.stderr)
-sys.exit(subprocess.run(["serve", "deploy", "-a", "http://127.0.0.1:8265", path]).returncode)
+print(yaml.safe_dump(out))
 "#;
 
 /// GETs the URL in argv[1] and prints the answer (JSON); exits non-zero
@@ -1135,20 +1290,43 @@ impl Cluster {
             "replicas": replicas.iter().map(|(a, n)| (a.to_string(), Value::from(*n))).collect::<serde_json::Map<_, _>>(),
         });
         log(&format!("serve deploy {replicas:?}"));
-        let out = with_stdin(
+        let head = self.container("head");
+        let merged = with_stdin(
             &[
                 "exec",
                 "-u",
                 "ray",
                 "-i",
-                &self.container("head"),
-                "timeout",
-                "120",
+                &head,
                 "python",
+                "-I",
                 "-c",
                 SERVE_DEPLOY_SCRIPT,
             ],
             &spec.to_string(),
+        );
+        assert!(
+            merged.status.success(),
+            "merging the Serve configs: {}",
+            String::from_utf8_lossy(&merged.stderr)
+        );
+        // The documented way (docs/serve.md): the config on stdin.
+        let out = with_stdin(
+            &[
+                "exec",
+                "-i",
+                &head,
+                "timeout",
+                "120",
+                "argus-agent",
+                "ray-tool",
+                "serve",
+                "deploy",
+                "-a",
+                "http://127.0.0.1:8265",
+                "-",
+            ],
+            &String::from_utf8_lossy(&merged.stdout),
         );
         if !out.status.success() {
             self.dump_logs();
@@ -1580,6 +1758,365 @@ fn last_json(o: &Output) -> Option<Value> {
         .find_map(|l| serde_json::from_str(l).ok())
 }
 
+/// What a job plants in the head (run as the Ray user): socket.py,
+/// sitecustomize.py and usercustomize.py and a .pth file in every folder on
+/// the image's Python path that the Ray user can write (its user site made
+/// first), in its home, /tmp/ray/tmp and /tmp; and the config the old docs
+/// wrote to /tmp/ray/tmp/serve.yaml, naming an application "planted". Each
+/// planted module, when imported, leaves /tmp/ray/planted-<what>-<uid>-<NoNewPrivs>.
+const PLANT_SCRIPT: &str = r#"
+import os, site, subprocess, sys
+payload = ("import os as _o; _n = [l.split()[1] for l in open('/proc/self/status') if l.startswith('NoNewPrivs')][0]; "
+           "open('/tmp/ray/planted-%s-%d-%s' % ({what!r}, _o.getuid(), _n), 'w').close()")
+paths = subprocess.run([sys.executable, "-c", "import sys; print(chr(10).join(sys.path))"],
+                       capture_output=True, text=True, cwd="/home/ray").stdout.split()
+user_site = site.getusersitepackages()
+try:
+    os.makedirs(user_site, exist_ok=True)
+except OSError:
+    pass
+dirs = sorted(set(p for p in paths + [user_site, "/home/ray", "/tmp/ray/tmp", "/tmp", "/"]
+                  if p and os.path.isdir(p) and os.access(p, os.W_OK)))
+for d in dirs:
+    for mod in ("socket", "sitecustomize", "usercustomize"):
+        with open(os.path.join(d, mod + ".py"), "w") as f:
+            f.write(payload.format(what=mod) + chr(10))
+    with open(os.path.join(d, "argus_planted.pth"), "w") as f:
+        f.write(payload.format(what="pth") + chr(10))
+with open("/tmp/ray/tmp/serve.yaml", "w") as f:
+    f.write("applications:\n- name: planted\n  import_path: planted:app\n  route_prefix: /planted\n")
+print(" ".join(dirs))
+"#;
+
+/// Issue 38 item 4 (R-SEC-7): every operator command the docs and scripts
+/// give (`argus-agent ray-tool nodes`, `serve deploy -` with the config on
+/// stdin, `serve status`, `ray job submit`) runs nothing a job planted as
+/// root or without no_new_privs, and deploys the config it was given, not
+/// one planted where the old docs wrote theirs. Control: a plain `python`
+/// of the Ray user in its home runs the planted code without no_new_privs.
+fn operator_commands_run_nothing_planted(c: &Cluster, head: &str) {
+    let o = with_stdin(
+        &[
+            "exec",
+            "-u",
+            "ray",
+            "-e",
+            "HOME=/home/ray",
+            "-i",
+            head,
+            "python",
+            "-I",
+            "-",
+        ],
+        PLANT_SCRIPT,
+    );
+    assert!(
+        o.status.success(),
+        "planting: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let dirs = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert!(dirs.contains("/home/ray"), "planted in: {dirs}");
+    let markers = || {
+        run(Command::new("docker").args([
+            "exec",
+            head,
+            "sh",
+            "-c",
+            "cd /tmp/ray && ls | grep '^planted-' || true",
+        ]))
+    };
+    let tool = |args: &[&str], stdin: &str| {
+        let mut a = vec![
+            "exec",
+            "-i",
+            head,
+            "timeout",
+            "180",
+            "argus-agent",
+            "ray-tool",
+        ];
+        a.extend_from_slice(args);
+        let o = with_stdin(&a, stdin);
+        assert!(
+            o.status.success(),
+            "ray-tool {args:?}: {}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let nodes: Value =
+        serde_json::from_str(tool(&["nodes"], "").trim()).expect("ray-tool nodes: JSON");
+    assert_eq!(nodes["alive"], 3, "{nodes}");
+    tool(
+        &["serve", "deploy", "-a", "http://127.0.0.1:8265", "-"],
+        "applications: []\n",
+    );
+    tool(&["serve", "status", "-a", "http://127.0.0.1:8265"], "");
+    tool(
+        &[
+            "ray",
+            "job",
+            "submit",
+            "--address",
+            "http://127.0.0.1:8265",
+            "--",
+            "touch",
+            "/tmp/ray/tmp/operator-job-ran",
+        ],
+        "",
+    );
+    tool(
+        &["python"],
+        "import ray; ray.init(address='auto'); print(len(ray.nodes()))",
+    );
+    let apps = c
+        .dashboard_get("/api/serve/applications/")
+        .expect("Serve's applications");
+    assert!(
+        apps["applications"].get("planted").is_none(),
+        "serve deploy took the planted config: {apps}"
+    );
+    let ran = markers();
+    let bad: Vec<&str> = ran
+        .lines()
+        .filter(|m| m.contains("-0-") || m.ends_with("-0"))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "planted code ran as root or without no_new_privs under the operator's commands: {bad:?} (all: {ran})"
+    );
+    // Control: the probe works: the Ray user's own python in its home
+    // imports the planted code, without no_new_privs.
+    let _ = output(Command::new("docker").args([
+        "exec",
+        "-u",
+        "ray",
+        "-w",
+        "/home/ray",
+        head,
+        "python",
+        "-c",
+        "import socket",
+    ]));
+    let ran = markers();
+    assert!(
+        ran.lines()
+            .any(|m| m.starts_with("planted-") && m.ends_with("-1000-0")),
+        "control: planted code should run under a plain python of the Ray user: {ran}"
+    );
+    let _ = output(Command::new("docker").args([
+        "exec", "-u", "ray", head, "sh", "-c",
+        &format!(
+            "for d in {dirs}; do rm -f $d/socket.py $d/sitecustomize.py $d/usercustomize.py $d/argus_planted.pth; done; \
+             rm -f /tmp/ray/planted-* /tmp/ray/tmp/serve.yaml"
+        ),
+    ]));
+}
+
+/// One HTTP/1.0 request to `addr`: the status code and the body.
+fn http_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+/// Ray's token authentication on the compose cluster (issue 38 item 1):
+/// from the host through the published dashboard port and from a
+/// container on the compose network that is not a node, the Jobs API, the
+/// dashboard's API and the GCS refuse a caller without the cluster's token
+/// or with a wrong one, and a job submitted so never runs (its marker file
+/// stays absent); with the token (the control) the same calls work and the
+/// job runs. The dashboard is published on the host's loopback only.
+fn token_auth_phase(c: &Cluster, head: &str, node_img: &str) {
+    let token = c.auth_token().expect("the head's token copy");
+    assert_eq!(token.len(), 64, "the cluster's token: {token}");
+    let env = |k: &str, d: &str| {
+        c.env
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| d.to_string())
+    };
+    let host_addr = format!("127.0.0.1:{}", c.dashboard_port());
+    let bearer = format!("Bearer {token}");
+    let wrong = format!("Bearer {}", "0".repeat(64));
+    let job =
+        |marker: &str| format!(r#"{{"entrypoint": "touch /tmp/ray/tmp/auth-marker-{marker}"}}"#);
+    let marker_exists = |marker: &str| {
+        output(Command::new("docker").args([
+            "exec",
+            head,
+            "test",
+            "-e",
+            &format!("/tmp/ray/tmp/auth-marker-{marker}"),
+        ]))
+        .status
+        .success()
+    };
+    // From the host, through the published port.
+    for (who, headers) in [
+        ("host-none", vec![]),
+        ("host-wrong", vec![("Authorization", wrong.as_str())]),
+    ] {
+        let (code, body) = http_request(&host_addr, "POST", "/api/jobs/", &headers, &job(who));
+        assert!(
+            code == 401 || code == 403,
+            "{who}: the Jobs API took a job without the token: {code} {body}"
+        );
+        let (code, _) = http_request(&host_addr, "GET", "/api/v0/nodes", &headers, "");
+        assert!(
+            code == 401 || code == 403,
+            "{who}: the state API answered {code}"
+        );
+    }
+    let (code, body) = http_request(
+        &host_addr,
+        "POST",
+        "/api/jobs/",
+        &[("Authorization", bearer.as_str())],
+        &job("host-token"),
+    );
+    assert_eq!(code, 200, "control: a job with the token: {body}");
+    // The published port is the host's loopback only.
+    let ports = inspect(head, "{{json .NetworkSettings.Ports}}");
+    assert!(
+        ports.contains("\"HostIp\":\"127.0.0.1\"") && !ports.contains("\"HostIp\":\"0.0.0.0\""),
+        "the dashboard must be published on 127.0.0.1 only: {ports}"
+    );
+
+    // From a container on the compose network that is not a node.
+    let net = inspect(
+        head,
+        "{{range $k, $v := .NetworkSettings.Networks}}{{$k}}{{end}}",
+    );
+    let dash = format!("head:{}", env("ARGUS_DASHBOARD_PORT", "8265"));
+    let gcs = format!("head:{}", env("ARGUS_RAY_PORT", "6379"));
+    let probe = r#"
+import json, sys, urllib.request, urllib.error
+dash, gcs, header, body = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+req = urllib.request.Request(f"http://{dash}/api/jobs/", data=body.encode(), method="POST",
+                             headers={"Content-Type": "application/json", **({"Authorization": header} if header else {})})
+try:
+    with urllib.request.urlopen(req, timeout=60) as r:
+        http = r.status
+except urllib.error.HTTPError as e:
+    http = e.code
+import ray._raylet as r
+try:
+    keys = r.GcsClient(address=gcs).internal_kv_keys(b"", None, timeout=20)
+    g = "GCS-OK"
+except Exception as e:
+    g = "GCS-REFUSED " + type(e).__name__
+print(json.dumps({"http": http, "gcs": g}))
+"#;
+    let outsider = |who: &str, auth_env: &[&str], header: &str| -> Value {
+        let mut args = vec![
+            "run".to_string(),
+            "--rm".into(),
+            "--network".into(),
+            net.trim().to_string(),
+            "--entrypoint".into(),
+            "python".into(),
+        ];
+        for e in auth_env {
+            args.extend(["-e".to_string(), e.to_string()]);
+        }
+        args.extend([
+            node_img.to_string(),
+            "-I".into(),
+            "-c".into(),
+            probe.into(),
+            dash.clone(),
+            gcs.clone(),
+            header.into(),
+            job(who),
+        ]);
+        let o = output(Command::new("docker").args(&args));
+        last_json(&o).unwrap_or_else(|| {
+            panic!(
+                "{who}: the outsider's probe printed nothing: {}",
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
+    };
+    let wrong_env = format!("RAY_AUTH_TOKEN={}", "0".repeat(64));
+    let right_env = format!("RAY_AUTH_TOKEN={token}");
+    for (who, auth_env, header) in [
+        (
+            "net-none",
+            vec!["RAY_AUTH_MODE=disabled", "RAY_AUTH_TOKEN_PATH="],
+            "",
+        ),
+        ("net-wrong", vec![wrong_env.as_str()], wrong.as_str()),
+    ] {
+        let r = outsider(who, &auth_env, header);
+        assert!(
+            r["http"] == 401 || r["http"] == 403,
+            "{who}: the Jobs API took a job from the network without the token: {r}"
+        );
+        assert!(
+            r["gcs"]
+                .as_str()
+                .is_some_and(|g| g.starts_with("GCS-REFUSED")),
+            "{who}: the GCS answered without the token: {r}"
+        );
+    }
+    let r = outsider("net-token", &[right_env.as_str()], &bearer);
+    assert_eq!(r["http"], 200, "control: the outsider with the token: {r}");
+    assert_eq!(
+        r["gcs"], "GCS-OK",
+        "control: the outsider with the token: {r}"
+    );
+    let until = Instant::now() + Duration::from_secs(180);
+    while !(marker_exists("host-token") && marker_exists("net-token")) {
+        assert!(
+            Instant::now() < until,
+            "control: the jobs submitted with the token did not run in 180 s: {}",
+            c.dashboard_get("/api/jobs/")
+                .map_or_else(|e| e, |v| v.to_string())
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    for who in ["host-none", "host-wrong", "net-none", "net-wrong"] {
+        assert!(
+            !marker_exists(who),
+            "{who}: a job submitted without the token ran"
+        );
+    }
+    log("token auth: 4 callers without the token refused (Jobs API, state API, GCS), no job ran; with it: 2 jobs ran, the GCS answered; dashboard on 127.0.0.1 only");
+}
+
 /// Issue 26 (SPEC §9b, docs/security.md), tried as the Ray user on a worker
 /// of the compose cluster, every road checked on its effect:
 /// - road 1: engine containers asked for the Docker socket's group by every
@@ -1803,6 +2340,152 @@ fn compose_a_ray_user_on_a_worker_reaches_neither_the_docker_api_nor_root() {
         "road 3: the head container was neither read, joined, stopped nor removed by any reference",
     );
 
+    // R-SEC-10: a job squats nothing the node runs. No registry answers
+    // here, so a pull fails anyway: the rule's name tells a refusal from
+    // a failed pull, and the node image's ID is the effect.
+    let node_img = node_image();
+    let image_id = |i: &str| {
+        run(Command::new("docker").args(["image", "inspect", "-f", "{{.Id}}", i]))
+            .trim()
+            .to_string()
+    };
+    let node_id = image_id(&node_img);
+    let project = c.project.clone();
+    let squats: Vec<Vec<String>> = vec![
+        vec!["pull".into(), node_img.clone()],
+        vec!["pull".into(), format!("docker.io/{node_img}")],
+        vec![
+            "run".into(),
+            "--rm".into(),
+            "--pull=always".into(),
+            node_img.clone(),
+            "true".into(),
+        ],
+        vec![
+            "run".into(),
+            "-d".into(),
+            "--name".into(),
+            format!("{project}-head-2"),
+            img.clone(),
+            "sleep".into(),
+            "300".into(),
+        ],
+        vec![
+            "run".into(),
+            "-d".into(),
+            "--name".into(),
+            format!("{project}_worker-2_2"),
+            img.clone(),
+            "sleep".into(),
+            "300".into(),
+        ],
+        vec![
+            "run".into(),
+            "-d".into(),
+            "--label".into(),
+            format!("com.docker.compose.project={project}"),
+            img.clone(),
+            "sleep".into(),
+            "300".into(),
+        ],
+        vec![
+            "run".into(),
+            "-d".into(),
+            "-l".into(),
+            "io.argus.cluster=argus-ray".into(),
+            img.clone(),
+            "sleep".into(),
+            "300".into(),
+        ],
+    ];
+    for sq in &squats {
+        let args: Vec<&str> = sq.iter().map(String::as_str).collect();
+        let o = podman_as_ray(&worker, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            o.status.code() == Some(125)
+                && (err.contains("no-squatting") || err.contains("no-shim-labels")),
+            "squatting {sq:?} was not refused by policy: {:?} {err}",
+            o.status.code()
+        );
+    }
+    assert_eq!(
+        image_id(&node_img),
+        node_id,
+        "squatting: the node image changed"
+    );
+    let squatted = run(Command::new("docker").args([
+        "ps",
+        "-aq",
+        "--filter",
+        &format!("name=^/{project}[-_](head-2|worker-2_2)$"),
+    ]));
+    assert!(
+        squatted.trim().is_empty(),
+        "squatting: a compose name was taken: {squatted}"
+    );
+    let labelled = run(Command::new("docker").args([
+        "ps",
+        "-aq",
+        "--filter",
+        &format!("ancestor={img}"),
+        "--filter",
+        "label=com.docker.compose.project",
+    ]));
+    assert!(
+        labelled.trim().is_empty(),
+        "squatting: a job's container carries compose's labels: {labelled}"
+    );
+    // Control: a name of the job's own runs.
+    let own = format!("job-{project}-1");
+    let o = podman_as_ray(&worker, &["run", "--rm", "--name", &own, &img, "true"]);
+    assert!(
+        o.status.success(),
+        "control: {own} should run: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    log(&format!(
+        "squatting: {} attempts refused by policy; the node image is unchanged",
+        squats.len()
+    ));
+
+    // R-SEC-7: the node image holds no setuid or setgid file, and an
+    // operator's `docker exec` starts in a folder only root can change,
+    // where the documented node listing imports nothing a job planted.
+    let suid = run(Command::new("docker").args([
+        "run",
+        "--rm",
+        "--entrypoint",
+        "find",
+        &node_img,
+        "/",
+        "-xdev",
+        "-perm",
+        "/6000",
+        "-type",
+        "f",
+    ]));
+    assert!(
+        suid.trim().is_empty(),
+        "setuid or setgid files in the node image: {suid}"
+    );
+    assert_eq!(
+        inspect(&head, "{{.Config.WorkingDir}}"),
+        "/",
+        "the node's WORKDIR"
+    );
+    let owner =
+        run(Command::new("docker").args(["exec", &head, "stat", "-c", "%u:%g", "/private"]));
+    assert_eq!(
+        owner.trim(),
+        "990:990",
+        "/private must be the agent user's, not root's"
+    );
+    operator_commands_run_nothing_planted(&c, &head);
+    log("R-SEC-7: no setuid file, WORKDIR /, the operator's commands run nothing a job planted");
+
+    token_auth_phase(&c, &head, &node_img);
+
     // Root's shell in a node reads root's files, not the Ray user's: the
     // Ray user plants shell start-up files in its home, and an operator's
     // `docker exec <node> bash` (root, interactive or login) must not run
@@ -1910,6 +2593,52 @@ print(json.dumps({{"taken": done, "forged": forged}}))
         s["state"], "running",
         "hole 5: the head stepped down after the Ray user's forgery: {s}"
     );
+    // R-SEC-9: no process of the Ray user survives a Ray restart, not only
+    // PID 1's descendants: one started beside Ray (as a `docker exec`, or
+    // a job's double-forked daemon reparented out of Ray's tree) is gone
+    // once the agent restarts Ray after a raylet kill.
+    let beside = |pattern: &str| {
+        run(Command::new("docker").args([
+            "exec",
+            &worker,
+            "sh",
+            "-c",
+            &format!("pgrep -u ray -f '{pattern}' || true"),
+        ]))
+    };
+    run(Command::new("docker").args(["exec", "-d", "-u", "ray", &worker, "sleep", "1001"]));
+    run(Command::new("docker").args([
+        "exec",
+        "-d",
+        "-u",
+        "ray",
+        &worker,
+        "sh",
+        "-c",
+        "setsid sleep 1002 & exit 0",
+    ]));
+    let t0 = Instant::now();
+    while beside("^sleep 100[12]$").lines().count() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "control: the Ray user's processes did not start"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    run(Command::new("docker").args(["exec", &worker, "pkill", "-KILL", "-x", "raylet"]));
+    let t0 = Instant::now();
+    while !beside("^sleep 100[12]$").trim().is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "R-SEC-9: processes of the Ray user outlived Ray's restart: {}",
+            beside("^sleep 100[12]$")
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    log(&format!(
+        "R-SEC-9: the Ray user's processes beside Ray were gone {:.1} s after a raylet kill",
+        t0.elapsed().as_secs_f64()
+    ));
     for svc in ["worker-1", "head"] {
         run(Command::new("docker").args(["restart", "-t", "10", &c.container(svc)]));
     }

@@ -70,7 +70,10 @@ fn readme_documents_exactly_the_variables_of_the_table() {
             break;
         }
         let first = row.split('|').nth(1).unwrap_or_default();
-        for name in first.split('`').filter(|w| w.starts_with("ARGUS_")) {
+        for name in first
+            .split('`')
+            .filter(|w| w.starts_with("ARGUS_") || *w == "RAY_AUTH_MODE")
+        {
             documented.insert(name.to_string());
         }
     }

@@ -20,7 +20,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 struct Drained {
     sb: Sandbox,
-    _head: FakeHead,
+    head: FakeHead,
     env: BTreeMap<String, String>,
     lb_port: u16,
     status: PathBuf,
@@ -51,7 +51,7 @@ impl Drained {
         }
         Self {
             sb,
-            _head: head,
+            head,
             env,
             lb_port,
             status,
@@ -246,4 +246,28 @@ fn with_drains_off_a_sigterm_stops_at_once() {
     assert_eq!(st.code(), Some(0), "{}", w.log());
     assert!(took < Duration::from_secs(10), "{took:?}");
     assert!(!d.sb.path().join("drain-args").exists(), "{}", w.log());
+}
+
+/// The stop follows the end of a drain at once: the drain ends on the
+/// loop's own deadline (here the load balancer's time to see `drain` after
+/// the helper failed), with no event behind it; before, the stop then
+/// waited for the loop's next event (a read of a record that changes, or
+/// every ARGUS_POLL_S; the status heartbeat at 15 s).
+#[test]
+fn ray_stops_as_soon_as_the_drain_ends() {
+    let d = Drained::new(&[
+        ("ARGUS_DRAIN_HELPER", "/nonexistent/drain_node.py"),
+        ("ARGUS_POLL_S", "60"),
+        ("ARGUS_TTL_S", "120"),
+    ]);
+    let mut w = d.start();
+    // The record stops changing: no read (no event) for 60 s.
+    d.head.set(None);
+    std::thread::sleep(Duration::from_millis(500));
+    w.signal(libc::SIGTERM);
+    let (st, took) = w.wait_exit(WAIT).expect("agent did not stop");
+    assert_eq!(st.code(), Some(0), "{}", w.log());
+    assert!(w.log().contains("drain ended early"), "{}", w.log());
+    // 1.5 s for the load balancer, then Ray's stop; 15 s before the fix.
+    assert!(took < Duration::from_secs(10), "{took:?}\n{}", w.log());
 }

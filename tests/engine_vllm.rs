@@ -132,14 +132,17 @@ fn deploy(c: &Cluster, config: &str) {
     let out = with_stdin(
         &[
             "exec",
-            "-u",
-            "ray",
             "-i",
             &head,
-            "sh",
-            "-c",
-            "cat > /tmp/ray/tmp/llm-endpoints.yaml && \
-             timeout 120 serve deploy -a http://127.0.0.1:8265 /tmp/ray/tmp/llm-endpoints.yaml",
+            "timeout",
+            "120",
+            "argus-agent",
+            "ray-tool",
+            "serve",
+            "deploy",
+            "-a",
+            "http://127.0.0.1:8265",
+            "-",
         ],
         config,
     );

@@ -51,7 +51,9 @@ use std::time::{Duration, Instant};
 #[path = "support/compose.rs"]
 mod compose;
 
-use compose::{log, output, run, workspace_root};
+use compose::{
+    images_prebuilt, log, output, require_image, run, stage_agent_binary, workspace_root,
+};
 use serde_json::Value;
 
 const RAY_VERSION: &str = "2.53.0";
@@ -320,18 +322,19 @@ const HEAD_PORT_VARS: &[&str] = &[
 const WORKER_RANGE: u16 = 30;
 const BLOCK: u16 = 128;
 
-/// Returns the first port of a block of `BLOCK` ports below Linux's
-/// ephemeral range that are all free on every address now.
+/// Returns the first port of a block of `BLOCK` ports in 20000..30128,
+/// below Linux's ephemeral range and tests/ray_e2e.rs's fixed blocks
+/// (31000..31360), that are all free on every address now.
 fn free_block() -> u16 {
-    let start = 20_000 + (std::process::id() % 100) as u16 * BLOCK;
+    let start = 20_000 + (std::process::id() % 78) as u16 * BLOCK;
     for k in 0..100u16 {
-        let base = 20_000 + (start - 20_000 + k * BLOCK) % 12_000;
+        let base = 20_000 + (start - 20_000 + k * BLOCK) % 10_000;
         let free = (base..base + BLOCK).all(|p| TcpListener::bind(("0.0.0.0", p)).is_ok());
         if free {
             return base;
         }
     }
-    panic!("no block of {BLOCK} free ports between 20000 and 32000");
+    panic!("no block of {BLOCK} free ports between 20000 and 30128");
 }
 
 impl Ports {
@@ -468,6 +471,12 @@ fn require_docker() {
 /// base (cached), the node image from this test's agent binary, the Redis
 /// image, the stand-in engine image.
 fn build_images() {
+    if images_prebuilt() {
+        for tag in [node_image(), redis_image(), engine_image()] {
+            require_image(&tag);
+        }
+        return;
+    }
     let root = workspace_root();
     let script = |args: &[&str]| {
         run(Command::new(root.join("scripts/build-images.sh"))
@@ -477,12 +486,7 @@ fn build_images() {
     };
     log("building the Ray base image (cached after the first run)");
     run(Command::new(root.join("scripts/build-base-image.sh")).current_dir(&root));
-    let staged = root.join("target/e2e/argus-agent");
-    std::fs::create_dir_all(staged.parent().unwrap()).unwrap();
-    // A temp name first: another test binary may be building from it.
-    let tmp = staged.with_extension("hostnet");
-    std::fs::copy(env!("CARGO_BIN_EXE_argus-agent"), &tmp).unwrap();
-    std::fs::rename(&tmp, &staged).unwrap();
+    stage_agent_binary();
     log(&format!("building {}", node_image()));
     script(&[
         "node",
@@ -620,11 +624,17 @@ fn status(container: &str) -> Value {
     .expect("status --json")
 }
 
-/// GET `path` from `addr`; returns (status line, body).
-fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(String, String)> {
+/// GET `path` from `addr`, with the bearer `token` when given; returns
+/// (status line, body).
+fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> std::io::Result<(String, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}\r\n")?;
     let mut resp = String::new();
     s.read_to_string(&mut resp)?;
     let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
@@ -642,6 +652,141 @@ fn wait_for(what: &str, within: Duration, mut ok: impl FnMut() -> Result<(), Str
             Err(e) if start.elapsed() > within => panic!("{what}: not within {within:?}: {e}"),
             Err(_) => std::thread::sleep(Duration::from_millis(300)),
         }
+    }
+}
+
+/// The socket mount of the page's lines (DOCKER_HOST's folder in the node
+/// image).
+const SOCKET_MOUNT: &str = "/var/run/docker.sock:/run/argus-docker/docker.sock";
+
+/// Issue 42, a phase of the `docker run` test: the page's worker line with
+/// the older socket mount (`-v /var/run/docker.sock:/var/run/docker.sock`)
+/// and with no socket mount at all starts, says once at start that engine
+/// containers will fail and names the page's mount, and its `status` says
+/// so; the page's own worker (`worker`, the documented mount) says neither.
+/// The two stand-ins follow another cluster name, so they wait for a head
+/// of their own and touch nothing of the test's cluster; they run one after
+/// the other on the platform worker's address and ports (`free`), which
+/// starts later (the agent refuses ports another process holds).
+fn socket_mounts_are_checked_at_start(
+    bx: &mut OneBox,
+    worker: &str,
+    worker_args: &[String],
+    free: &Ports,
+) {
+    let ws = status(worker);
+    assert_eq!(
+        ws["engine_containers"], "available",
+        "the documented mount: worker status {ws}"
+    );
+    let worker_log = text(&output(Command::new("docker").args(["logs", worker])).stderr);
+    assert!(
+        !worker_log.contains("cannot be used"),
+        "the documented mount: no socket warning expected:\n{worker_log}"
+    );
+    let at = worker_args
+        .iter()
+        .position(|a| a == SOCKET_MOUNT)
+        .expect("the page's worker line mounts the socket where the image expects it");
+    let fix = format!("-v {SOCKET_MOUNT}");
+    for (kind, mount, says) in [
+        (
+            "old-mount",
+            Some("/var/run/docker.sock:/var/run/docker.sock"),
+            "a Docker socket is mounted at /var/run/docker.sock instead",
+        ),
+        ("no-socket", None, "mount the host's Docker socket there"),
+    ] {
+        let name = bx.name(kind);
+        let mut args = Vec::new();
+        let mut i = 0;
+        while i < worker_args.len() {
+            let (w, next) = (&worker_args[i], worker_args.get(i + 1));
+            if i + 1 == at {
+                // `-v <socket mount>`: replaced or dropped.
+                if let Some(m) = mount {
+                    args.extend(["-v".to_string(), m.to_string()]);
+                }
+                i += 2;
+                continue;
+            }
+            if w == "--name" {
+                args.extend(["--name".to_string(), name.clone()]);
+                i += 2;
+                continue;
+            }
+            if w == "-v" && next.is_some_and(|v| v.starts_with(&bx.prefix)) {
+                // The worker's named volume: one of this stand-in's own.
+                let v = next.unwrap().replacen("-worker-", &format!("-{kind}-"), 1);
+                args.extend(["-v".to_string(), v]);
+                i += 2;
+                continue;
+            }
+            if let (true, Some((k, _))) = (w == "-e", next.and_then(|v| v.split_once('='))) {
+                let v = match k {
+                    "ARGUS_CLUSTER_NAME" => Some(kind.to_string()),
+                    "ARGUS_NODE_IP" => Some(PLATFORM_IP.to_string()),
+                    k => free.env.get(k).cloned(),
+                };
+                if let Some(v) = v {
+                    args.extend(["-e".to_string(), format!("{k}={v}")]);
+                    i += 2;
+                    continue;
+                }
+            }
+            args.push(w.clone());
+            i += 1;
+        }
+        let out = bx.docker_run(&args);
+        assert!(
+            out.status.success(),
+            "{kind}: docker run: {}",
+            text(&out.stderr)
+        );
+        let mut last = Value::Null;
+        wait_for(
+            &format!("{kind}: the node waits for its head and says in its status why engine containers fail"),
+            Duration::from_secs(120),
+            || {
+                let o = output(Command::new("docker").args([
+                    "exec",
+                    &name,
+                    "argus-agent",
+                    "status",
+                    "--json",
+                ]));
+                last = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+                // The warning is in the status from the start, before
+                // the state leaves `starting`: wait for both.
+                (last["engine_containers"]
+                    .as_str()
+                    .is_some_and(|e| e.starts_with("unavailable: "))
+                    && last["state"] == "waiting_for_head")
+                    .then_some(())
+                    .ok_or_else(|| format!("{last}{}", text(&o.stderr)))
+            },
+        );
+        let e = last["engine_containers"].as_str().unwrap();
+        assert!(e.contains(&fix) && e.contains(says), "{kind}: status {e}");
+        let logs = output(Command::new("docker").args(["logs", &name]));
+        let logs = format!("{}{}", text(&logs.stdout), text(&logs.stderr));
+        let warned = logs
+            .lines()
+            .filter(|l| l.contains("cannot be used") && l.contains(&fix) && l.contains(says))
+            .count();
+        assert_eq!(
+            warned, 1,
+            "{kind}: one warning at start, naming the fix:\n{logs}"
+        );
+        let text_status = docker(&["exec", &name, "argus-agent", "status"]);
+        assert!(
+            text_status
+                .lines()
+                .any(|l| l.starts_with("engine containers: unavailable: ")),
+            "{kind}: status text:\n{text_status}"
+        );
+        log(&format!("{kind}: warned once at start and in status: {e}"));
+        let _ = output(Command::new("docker").args(["rm", "-f", &name]));
     }
 }
 
@@ -850,10 +995,19 @@ fn docker_run_on_host_networking_joins_runs_engines_follows_the_head_and_stops_c
         (Some(HEAD_IP), Some("running")),
         "head status: {hs}"
     );
+    socket_mounts_are_checked_at_start(&mut bx, &worker, &worker_args, &pp);
 
-    // docs/deploy.md's first look on the head: `ray status` finds the
-    // cluster by itself (Ray's temp dir on the node's own volume).
-    let rs = output(Command::new("docker").args(["exec", "-u", "ray", &head, "ray", "status"]));
+    // docs/deploy.md's first look on the head: `ray status` (through
+    // `argus-agent ray-tool`) finds the cluster by itself (Ray's temp dir
+    // on the node's own volume) and authenticates with the node's token.
+    let rs = output(Command::new("docker").args([
+        "exec",
+        &head,
+        "argus-agent",
+        "ray-tool",
+        "ray",
+        "status",
+    ]));
     let rs_out = text(&rs.stdout);
     assert!(
         rs.status.success() && rs_out.contains("Active:"),
@@ -865,12 +1019,22 @@ fn docker_run_on_host_networking_joins_runs_engines_follows_the_head_and_stops_c
     let dash: SocketAddr = format!("{HEAD_IP}:{}", hp.get("ARGUS_DASHBOARD_PORT"))
         .parse()
         .unwrap();
+    // With the cluster's token (the head's copy, as an operator reads it):
+    // token authentication is on in the docker run form too.
+    let token = docker(&["exec", &head, "cat", "/run/argus/auth_token"]);
+    let token = token.trim();
     let took = wait_for("the dashboard answers", Duration::from_secs(180), || {
-        let (line, body) = http_get(dash, "/api/version").map_err(|e| e.to_string())?;
+        let (line, body) =
+            http_get(dash, "/api/version", Some(token)).map_err(|e| e.to_string())?;
         (line.contains(" 200") && body.contains(RAY_VERSION))
             .then_some(())
             .ok_or(line)
     });
+    let (line, _) = http_get(dash, "/api/jobs/", None).unwrap();
+    assert!(
+        line.contains(" 401"),
+        "the dashboard without the token: {line}"
+    );
     log(&format!(
         "dashboard http://{dash}/api/version answers (waited {:.1}s)",
         took.as_secs_f64()

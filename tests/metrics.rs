@@ -197,6 +197,108 @@ fn a_crash_loop_shows_in_the_metrics_and_in_the_snapshot() {
                 == Some(&1.0)
     });
     println!("snapshot: after {:.1} s", t0.elapsed().as_secs_f64());
+
+    // A flood of 3,000 idle connections from one address (R-SEC-5): PID 1
+    // holds at most its cap of them, a scraper on another address is
+    // answered meanwhile, and `status` answers.
+    raise_own_nofile();
+    let port: u16 = env["ARGUS_METRICS_PORT"].parse().unwrap();
+    let fds_before = open_fds(a.pid());
+    // Source ports of their own, below the kernel's ephemeral range, so the
+    // flood takes no port another test running beside it picked as free.
+    let flood: Vec<_> = (0..3000)
+        .filter_map(|i| idle_connection_from("127.0.0.2", FLOOD_PORTS + i, port))
+        .collect();
+    println!("flood: {} connections", flood.len());
+    assert!(
+        flood.len() >= 2900,
+        "the flood itself failed: {}",
+        flood.len()
+    );
+    // Every connection has been taken by now: held, or closed at once.
+    a.wait_for("the flood accepted or closed", WAIT, |_| {
+        let closed = flood.iter().filter(|fd| closed_by_peer(fd)).count();
+        closed + 32 >= flood.len()
+    });
+    let held = open_fds(a.pid()) - fds_before;
+    assert!(
+        held <= 32 + 4,
+        "PID 1 holds {held} more descriptors under the flood (cap: 32 a peer)"
+    );
+    let s = scrape(&env).expect("a scrape from 127.0.0.1 during the flood");
+    assert_eq!(value(&s, "argus_ray_crash_loop"), 1.0);
+    assert!(run_bin(&["status"], &env).status.success());
+    // Control: the flooding address is at its cap, so its next connection
+    // is closed unanswered.
+    let mut one = std::net::TcpStream::from(
+        idle_connection_from("127.0.0.2", FLOOD_PORTS + 3000, port).unwrap(),
+    );
+    one.set_read_timeout(Some(WAIT)).unwrap();
+    use std::io::{Read, Write};
+    let _ = one.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+    let mut got = Vec::new();
+    let _ = one.read_to_end(&mut got);
+    assert!(
+        got.is_empty(),
+        "over the cap, yet answered: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    drop(flood);
+}
+
+/// Raises this test's soft descriptor limit to its hard one.
+fn raise_own_nofile() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: get/setrlimit on this process with a valid struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        r.rlim_cur = r.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+    }
+}
+
+/// Whether the other end closed the connection `fd` (nothing sent to it).
+fn closed_by_peer(fd: &std::os::fd::OwnedFd) -> bool {
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut b = [0u8; 1];
+    let raw = std::os::fd::AsRawFd::as_raw_fd(fd);
+    matches!(
+        recv(raw, &mut b, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
+        Ok(0) | Err(nix::errno::Errno::ECONNRESET)
+    )
+}
+
+/// Descriptors `pid` has open.
+fn open_fds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// The first source port of the flood (11000..14001: below the kernel's
+/// ephemeral range, 32768 up, and clear of Ray's 10001).
+const FLOOD_PORTS: u16 = 11000;
+
+/// A TCP connection to 127.0.0.1:`port` from `from`:`src_port` (another
+/// loopback address: another peer to the listener), that sends nothing.
+fn idle_connection_from(from: &str, src_port: u16, port: u16) -> Option<std::os::fd::OwnedFd> {
+    use nix::sys::socket::{
+        bind, connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
+    };
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .ok()?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true).ok()?;
+    let src: std::net::SocketAddrV4 = format!("{from}:{src_port}").parse().unwrap();
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(src)).ok()?;
+    let dst = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port);
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(dst)).ok()?;
+    Some(fd)
 }
 
 #[test]
@@ -264,4 +366,68 @@ fn docs_list_exactly_the_metrics_the_agent_has() {
     for (name, ty) in &code {
         assert_eq!(&docs[name], ty, "{name}: type in docs/operations.md");
     }
+}
+
+/// Issue 42: an agent whose Docker socket is not where DOCKER_HOST says
+/// (a node started with the older `-v /var/run/docker.sock:/var/run/docker.sock`,
+/// or with no socket at all) says so once at start, with the `-v` line that
+/// mounts it where DOCKER_HOST says; `status` (text and JSON) and the
+/// metrics show engine containers unavailable, and the node still runs.
+/// The socket where DOCKER_HOST says makes it all go away.
+#[test]
+fn a_docker_socket_missing_at_start_is_said_once_with_the_fix_in_status_and_metrics() {
+    let sb = Sandbox::new();
+    let sock = sb.path().join("argus-docker/docker.sock");
+    let mut env = with_metrics(sb.env("h", "head"));
+    env.insert("DOCKER_HOST".into(), format!("unix://{}", sock.display()));
+    let mut a = Agent::start(&sb, "h", &env);
+    let s = wait_scrape(&mut a, &env, "a head without a Docker socket runs", |s| {
+        s.get("argus_node_state{state=\"running\"}") == Some(&1.0)
+    });
+    assert_eq!(value(&s, "argus_docker_socket_usable"), 0.0);
+    let fix = format!("-v /var/run/docker.sock:{}", sock.display());
+    let st = a.status().expect("status");
+    let e = st["engine_containers"].as_str().unwrap_or_default();
+    assert!(
+        e.starts_with("unavailable: ") && e.contains(&fix),
+        "status engine_containers: {e:?}"
+    );
+    let text = run_bin(&["status"], &env);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("engine containers: unavailable: ") && l.contains(&fix)),
+        "{text}"
+    );
+    let log = a.log();
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("engine containers") && l.contains(&fix))
+        .collect();
+    assert_eq!(
+        warned.len(),
+        1,
+        "one warning at start, with the fix:\n{log}"
+    );
+    a.signal(libc::SIGTERM);
+    a.wait_exit(WAIT).expect("the head stops");
+
+    // The documented mount: a socket where DOCKER_HOST says.
+    std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
+    let _docker = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let env = with_metrics(env);
+    let mut a = Agent::start(&sb, "h2", &env);
+    let s = wait_scrape(&mut a, &env, "a head with its Docker socket runs", |s| {
+        s.get("argus_node_state{state=\"running\"}") == Some(&1.0)
+    });
+    assert_eq!(value(&s, "argus_docker_socket_usable"), 1.0);
+    assert_eq!(
+        a.status().expect("status")["engine_containers"],
+        "available"
+    );
+    assert!(
+        !a.log().contains("cannot be used"),
+        "no warning with the socket in place:\n{}",
+        a.log()
+    );
 }

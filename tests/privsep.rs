@@ -50,6 +50,20 @@ r = subprocess.run([os.environ["PLANTED"], "-u"], capture_output=True, text=True
 out["setuid_euid"] = r.stdout.strip()
 r = subprocess.run([os.environ["PODMAN"], "run", "--rm", os.environ["IMG"], "/bin/tool", "id"], capture_output=True, text=True)
 out["podman"] = {"code": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
+# R-SEC-8: a container of the host that is not this node's, read by every
+# spelling, with each logging or runtime variable a caller could set.
+victim, name = os.environ["VICTIM_ID"], os.environ["VICTIM_NAME"]
+refs = [victim, victim[:12], victim[:4], name]
+calls = [[c, r] for c in ("inspect", "logs", "container inspect") for r in refs]
+calls += [["ps", "-a", "--no-trunc"], ["images"], ["info"]]
+probes = []
+for extra in [{}, {"ARGUS_SHIM_LOG": "debug"}, {"ARGUS_SHIM_LOG": "trace"},
+              {"RUST_LOG": "trace"}, {"RUST_BACKTRACE": "full"}]:
+    for c in calls:
+        argv = [os.environ["PODMAN"]] + c[0].split() + c[1:]
+        r = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, **extra))
+        probes.append({"call": c, "env": extra, "code": r.returncode, "out": r.stdout + r.stderr})
+out["probes"] = probes
 print(json.dumps(out))
 "#;
 
@@ -81,6 +95,34 @@ fn rays_tree_is_confined_and_podman_goes_through_the_agent() {
         "0",
         "the planted setuid file should give euid 0 without no_new_privs: {o:?}"
     );
+    // A container of the host that no node of this test owns, with a
+    // secret in its environment.
+    let secret = format!("VICTIM_SECRET={}", shim_support::unique("secret"));
+    let victim_name = shim_support::unique("victim");
+    let o = shim_support::docker(&[
+        "run",
+        "-d",
+        "--name",
+        &victim_name,
+        "--label",
+        "argus-test-victim=1",
+        "-e",
+        &secret,
+        img,
+        "/bin/tool",
+        "sleep",
+        "600",
+    ]);
+    assert!(o.status.success(), "{}", shim_support::show(&o));
+    let victim = shim_support::stdout(&o).trim().to_string();
+    let _victim_gone = Removes(vec![victim.clone()]);
+    // Control: the probe's secret is there to be read, by the host.
+    let o = shim_support::docker(&["inspect", &victim]);
+    assert!(
+        shim_support::stdout(&o).contains(&secret),
+        "{}",
+        shim_support::show(&o)
+    );
     let script = sb.path().join("worker.py");
     std::fs::write(&script, WORKER).unwrap();
     let out = sb.path().join("worker.json");
@@ -94,6 +136,8 @@ fn rays_tree_is_confined_and_podman_goes_through_the_agent() {
     env.insert("PLANTED".into(), planted.display().to_string());
     env.insert("PODMAN".into(), bindir.join("podman").display().to_string());
     env.insert("IMG".into(), img.to_string());
+    env.insert("VICTIM_ID".into(), victim.clone());
+    env.insert("VICTIM_NAME".into(), victim_name.clone());
     let mut agent = Agent::start(&sb, "head", &env);
     agent.wait_for("the worker's report", Duration::from_secs(120), |_| {
         out.exists()
@@ -120,6 +164,31 @@ fn rays_tree_is_confined_and_podman_goes_through_the_agent() {
     // Through the agent, podman works, and the engine runs as the caller.
     assert_eq!(w["podman"]["code"], 0, "{w}");
     assert_eq!(w["podman"]["stdout"], "65534:65534\n", "{w}");
+    // No spelling, log filter or runtime variable of the caller shows the
+    // other container's secret (R-SEC-8): each answer is "no such".
+    let probes = w["probes"].as_array().expect("probes");
+    assert_eq!(probes.len(), 5 * 15, "{w}");
+    for p in probes {
+        let out = p["out"].as_str().unwrap_or_default();
+        let by_ref = p["call"].as_array().map_or(0, |c| c.len()) == 2 && p["call"][0] != "ps";
+        let full_id_asked = p["call"][1] == victim.as_str();
+        assert!(
+            !out.contains(&secret) && (full_id_asked || !out.contains(&victim)),
+            "a podman call showed a container of the host that is not the node's: {p}"
+        );
+        if by_ref {
+            assert_ne!(p["code"], 0, "a call on another's container succeeded: {p}");
+        }
+    }
+}
+
+/// Removes containers when dropped (the test's own, even when it fails).
+struct Removes(Vec<String>);
+
+impl Drop for Removes {
+    fn drop(&mut self) {
+        shim_support::force_remove(&self.0);
+    }
 }
 
 #[test]

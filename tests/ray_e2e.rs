@@ -23,6 +23,11 @@ fn venv() -> PathBuf {
     v
 }
 
+/// The environment of one agent running real Ray. Ray's own ports are
+/// `base` to `base + 60`: each node of this file has its own block in
+/// 31000..31360, below Linux's ephemeral range (32768 and up, where any
+/// outgoing connection of a test running beside this one may hold a port)
+/// and above tests/hostnet_e2e.rs's blocks (20000..30128).
 fn ray_env(
     sb: &Sandbox,
     name: &str,
@@ -33,6 +38,10 @@ fn ray_env(
 ) -> BTreeMap<String, String> {
     let v = venv();
     let mut e = sb.env(name, role);
+    // Every Ray port comes from ARGUS_RAY_EXTRA_ARGS below (a flag may not
+    // also come from its variable).
+    e.remove("ARGUS_RAY_DASHBOARD_AGENT_LISTEN_PORT");
+    e.remove("ARGUS_RAY_CLIENT_SERVER_PORT");
     e.insert(
         "ARGUS_RAY_BIN".into(),
         v.join("bin/ray").display().to_string(),
@@ -55,6 +64,10 @@ fn ray_env(
     e.insert("ARGUS_RESTART_BACKOFF_MAX_S".into(), "4".into());
     e.insert("HOME".into(), sb.path().display().to_string());
     e.insert("RAY_USAGE_STATS_ENABLED".into(), "0".into());
+    // Ray's token authentication, with an operator's token so the drivers
+    // below can hold it too (the cluster-made token: tests/roles.rs and the
+    // compose tests).
+    e.insert("RAY_AUTH_TOKEN".into(), RAY_E2E_TOKEN.into());
     let mut extra = format!(
         "--num-cpus=1 --object-store-memory=80000000 --disable-usage-stats \
          --node-manager-port={} --object-manager-port={} --metrics-export-port={} \
@@ -79,6 +92,9 @@ fn ray_env(
     e.insert("ARGUS_RAY_EXTRA_ARGS".into(), extra);
     e
 }
+
+/// The token every agent and driver of these clusters uses.
+const RAY_E2E_TOKEN: &str = "ray-e2e-token-0123456789abcdef0123456789abcdef";
 
 /// How a test asks Ray for its nodes.
 #[derive(Clone, Copy, Debug)]
@@ -155,6 +171,8 @@ while True:
             .arg("-c")
             .arg(script)
             .env("RAY_USAGE_STATS_ENABLED", "0")
+            .env("RAY_AUTH_MODE", "token")
+            .env("RAY_AUTH_TOKEN", RAY_E2E_TOKEN)
             .output()
             .map_err(|e| e.to_string())?;
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -216,7 +234,7 @@ fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
     let gcs_port = free_port();
     let gcs = format!("127.0.0.2:{gcs_port}");
     let head_env = ray_env(&sb, "head", "head", "127.0.0.2", gcs_port, 31000);
-    let mut worker_env = ray_env(&sb, "worker", "worker", "127.0.0.3", gcs_port, 32000);
+    let mut worker_env = ray_env(&sb, "worker", "worker", "127.0.0.3", gcs_port, 31100);
     worker_env.insert("ARGUS_RAY_PORT".into(), free_port().to_string());
 
     let mut head = Agent::start(&sb, "head", &head_env);
@@ -420,6 +438,8 @@ fn driver(gcs: &str, body: &str) -> Result<Value, String> {
         .arg("-c")
         .arg(&script)
         .env("RAY_USAGE_STATS_ENABLED", "0")
+        .env("RAY_AUTH_MODE", "token")
+        .env("RAY_AUTH_TOKEN", RAY_E2E_TOKEN)
         .output()
         .map_err(|e| e.to_string())?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -438,12 +458,12 @@ fn with_gcs_ft_a_worker_rides_a_head_gcs_crash_through_and_its_detached_actor_su
     let redis = Redis::start(sb.path());
     let gcs_port = free_port();
     let gcs = format!("127.8.0.2:{gcs_port}");
-    let mut head_env = ray_env(&sb, "head", "head", "127.8.0.2", gcs_port, 33000);
+    let mut head_env = ray_env(&sb, "head", "head", "127.8.0.2", gcs_port, 31200);
     head_env.insert(
         "ARGUS_GCS_FT_REDIS".into(),
         format!("127.0.0.1:{}", redis.port),
     );
-    let mut worker_env = ray_env(&sb, "worker", "worker", "127.8.0.3", gcs_port, 34000);
+    let mut worker_env = ray_env(&sb, "worker", "worker", "127.8.0.3", gcs_port, 31300);
     worker_env.insert("ARGUS_RAY_PORT".into(), free_port().to_string());
 
     let mut head = Agent::start(&sb, "head", &head_env);

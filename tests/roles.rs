@@ -209,6 +209,7 @@ fn standby_takes_over_at_once_when_the_recorded_gcs_refuses() {
     // listens at its GCS address (connections are refused).
     let port = support::free_port();
     let stale = record("127.0.0.9", port, "dead", 4, 10);
+    sb.write_cluster_token();
     publish(&sb.head_file(), &stale.to_bytes()).unwrap();
     let t0 = Instant::now();
     let mut b = Agent::start(&sb, "b", &env_ttl_60(&sb, "b", "head"));
@@ -315,6 +316,7 @@ fn a_standby_never_takes_the_record_from_a_head_whose_gcs_accepts() {
     let gcs = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = gcs.local_addr().unwrap().port();
     let held = record("127.0.0.1", port, "live", 3, 10);
+    sb.write_cluster_token();
     publish(&sb.head_file(), &held.to_bytes()).unwrap();
     let before = std::fs::read(sb.head_file()).unwrap();
     let mut env = sb.env("b", "head");
@@ -398,6 +400,7 @@ fn a_standby_waits_the_ttl_when_the_holders_gcs_drops_packets() {
     let ns = Netns::new();
     ns.exec(&["iptables", "-A", "OUTPUT", "-d", "127.0.0.9", "-j", "DROP"]);
     let stale = record("127.0.0.9", 4321, "partitioned", 4, 10);
+    sb.write_cluster_token();
     publish(&sb.head_file(), &stale.to_bytes()).unwrap();
     let t0 = Instant::now();
     let mut b = Agent::start_with(
@@ -431,6 +434,7 @@ fn a_standby_waits_the_ttl_when_the_holders_gcs_drops_packets() {
 fn worker_joins_only_a_record_seen_changing_and_rejoins_on_address_change() {
     let sb = Sandbox::new();
     let stale = record("127.0.0.5", 4000, "i1", 1, 1);
+    sb.write_cluster_token();
     publish(&sb.head_file(), &stale.to_bytes()).unwrap();
     let mut w = Agent::start(&sb, "w", &sb.env("w", "worker"));
     let from = w.log().len();
@@ -571,16 +575,22 @@ fn polls_since(w: &Agent, from: usize, what: &str) -> usize {
 fn worker_waits_with_a_reason_and_restarts_ray_when_it_exits() {
     let sb = Sandbox::new();
     let mut w = Agent::start(&sb, "w", &sb.env("w", "worker"));
-    w.wait_for("waiting", Duration::from_secs(30), |w| {
-        w.state() == "waiting_for_head"
-    });
-    let st = w.status().unwrap();
-    assert!(
-        st["reason"].as_str().unwrap().contains("does not exist"),
-        "{st}"
+    // The state may say waiting_for_head before the first read of the
+    // record gives the reason (seen under load): wait for both, and for the
+    // log line of it.
+    w.wait_for(
+        "waiting: the record does not exist",
+        Duration::from_secs(30),
+        |w| {
+            w.status().is_some_and(|st| {
+                st["state"] == "waiting_for_head"
+                    && st["reason"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("does not exist"))
+            }) && w.log().contains("waiting for head")
+        },
     );
-    assert!(w.log().contains("waiting for head"), "{}", w.log());
-    assert!(!w.log().contains("ERROR"));
+    assert!(!w.log().contains("ERROR"), "{}", w.log());
     let _head = FakeHead::start(&sb, record("127.0.0.5", 4000, "i1", 1, 1));
     w.wait_for("join", Duration::from_secs(30), |_| {
         !sb.ray_starts("w").is_empty()
@@ -914,4 +924,158 @@ fn a_head_with_gcs_ft_starts_ray_on_the_external_redis_and_says_so_in_the_record
         h.log()
     );
     assert_eq!(h.status().unwrap()["gcs_ft"], true);
+    h.signal(libc::SIGTERM);
+    h.wait_exit(Duration::from_secs(10));
+
+    // The password from a file (compose's generated one): read at the
+    // start, given to Ray, never logged; a missing file starts no Ray.
+    let file = sb.path().join("redis-password");
+    let mut env = sb.env("h2", "head");
+    env.insert("ARGUS_GCS_FT_REDIS".into(), "127.0.0.1:6390".into());
+    env.insert(
+        "ARGUS_GCS_FT_REDIS_PASSWORD_FILE".into(),
+        file.display().to_string(),
+    );
+    let mut h = Agent::start(&sb, "h2", &env);
+    h.wait_for("the error", Duration::from_secs(15), |a| {
+        a.log().contains("cannot read the Redis password")
+    });
+    assert!(
+        sb.ray_starts("h2").is_empty(),
+        "a Ray started without its password"
+    );
+    std::fs::write(&file, "f1le-s3cret\n").unwrap();
+    h.wait_for("ray start", Duration::from_secs(15), |_| {
+        !sb.ray_starts("h2").is_empty()
+    });
+    let start = &sb.ray_starts("h2")[0];
+    assert!(
+        start["argv"]
+            .to_string()
+            .contains("\"--redis-password=f1le-s3cret\""),
+        "{start}"
+    );
+    assert!(
+        !h.log().contains("f1le-s3cret"),
+        "the password reached the log"
+    );
+    h.signal(libc::SIGTERM);
+    h.wait_exit(Duration::from_secs(10));
+    // A password in both places is a configuration error.
+    env.insert(
+        "ARGUS_GCS_FT_REDIS".into(),
+        "redis://:other@127.0.0.1:6390".into(),
+    );
+    let out = support::run_bin(&["config"], &env);
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ARGUS_GCS_FT_REDIS_PASSWORD_FILE") && !err.contains("other@"),
+        "{err}"
+    );
+}
+
+/// Ray's token authentication: the first head makes the cluster's token
+/// beside the record (mode 0600), its Ray gets it in its environment and
+/// never in argv; a worker's Ray gets the same one; each node keeps a copy
+/// in its state folder; a later head reads the token instead of making a
+/// new one. An operator's RAY_AUTH_TOKEN wins, a bad one starts no Ray and
+/// names the variable, and RAY_AUTH_MODE=disabled starts Ray without a
+/// token, with a warning at the start.
+#[test]
+fn the_first_head_makes_the_clusters_token_and_every_ray_gets_it_in_its_environment() {
+    use std::os::unix::fs::PermissionsExt;
+    let sb = Sandbox::new();
+    assert!(!sb.token_file().exists());
+    let henv = sb.env("h", "head");
+    let mut h = Agent::start(&sb, "h", &henv);
+    h.wait_for("record", Duration::from_secs(15), |_| sb.record().is_some());
+    let token = std::fs::read_to_string(sb.token_file()).unwrap();
+    let token = token.trim();
+    assert_eq!(token.len(), 64, "{token}");
+    let mode = std::fs::metadata(sb.token_file())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+    let mut w = Agent::start(&sb, "w", &sb.env("w", "worker"));
+    w.wait_for("worker's ray", Duration::from_secs(15), |_| {
+        !sb.ray_starts("w").is_empty()
+    });
+    for name in ["h", "w"] {
+        let s = &sb.ray_starts(name)[0];
+        assert_eq!(s["env_auth_mode"], "token", "{name}: {s}");
+        assert_eq!(s["env_auth_token"], token, "{name}: {s}");
+        assert!(s["env_auth_token_path"].is_null(), "{name}: {s}");
+        assert!(!s["argv"].to_string().contains(token), "{name}: argv {s}");
+        let copy = sb.path().join(format!("state-{name}")).join("auth_token");
+        assert_eq!(
+            std::fs::read_to_string(&copy).unwrap().trim(),
+            token,
+            "{name}"
+        );
+        let mode = std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{name}: no Ray user here, so no group");
+    }
+    w.signal(libc::SIGTERM);
+    w.wait_exit(Duration::from_secs(10));
+    h.signal(libc::SIGTERM);
+    h.wait_exit(Duration::from_secs(10));
+
+    // A later head reads the cluster's token; an operator's wins.
+    let operator = "operator-token-0123456789abcdef0123456789";
+    for (name, extra, want) in [
+        ("h2", vec![], Some(token)),
+        ("h3", vec![("RAY_AUTH_TOKEN", operator)], Some(operator)),
+        ("h4", vec![("RAY_AUTH_MODE", "disabled")], None),
+    ] {
+        let mut env = sb.env(name, "head");
+        for (k, v) in &extra {
+            env.insert(k.to_string(), v.to_string());
+        }
+        let mut a = Agent::start(&sb, name, &env);
+        a.wait_for("ray start", Duration::from_secs(15), |_| {
+            !sb.ray_starts(name).is_empty()
+        });
+        let s = &sb.ray_starts(name)[0];
+        match want {
+            Some(t) => {
+                assert_eq!(s["env_auth_mode"], "token", "{name}: {s}");
+                assert_eq!(s["env_auth_token"], t, "{name}: {s}");
+            }
+            None => {
+                assert_eq!(s["env_auth_mode"], "disabled", "{name}: {s}");
+                assert!(s["env_auth_token"].is_null(), "{name}: {s}");
+                assert!(
+                    a.log().contains("WITHOUT token authentication"),
+                    "{name}: no warning\n{}",
+                    a.log()
+                );
+                let copy = sb.path().join(format!("state-{name}")).join("auth_token");
+                assert!(!copy.exists(), "{name}: a copy of no token");
+            }
+        }
+        assert_eq!(
+            std::fs::read_to_string(sb.token_file()).unwrap().trim(),
+            token,
+            "{name}: the cluster's token changed"
+        );
+        a.signal(libc::SIGTERM);
+        a.wait_exit(Duration::from_secs(10));
+    }
+
+    // A bad operator token: no Ray, the error names the variable.
+    let mut env = sb.env("h5", "head");
+    env.insert("RAY_AUTH_TOKEN".into(), "short".into());
+    let mut a = Agent::start(&sb, "h5", &env);
+    a.wait_for("the error", Duration::from_secs(15), |a| {
+        a.log().contains("RAY_AUTH_TOKEN: a token has")
+    });
+    assert!(
+        sb.ray_starts("h5").is_empty(),
+        "a Ray started with a bad token"
+    );
+    a.signal(libc::SIGTERM);
+    a.wait_exit(Duration::from_secs(10));
 }

@@ -471,6 +471,7 @@ fn a_forged_head_record_does_not_move_a_worker() {
     let real = |seq| record("127.0.0.5", 4000, 3, seq);
     let file = sb.head_file();
     publish(&file, &real(1).to_bytes()).unwrap();
+    sb.write_cluster_token();
     let mut w = Agent::start(&sb, "w", &sb.env("w", "worker"));
     let mut seq = 1;
     let start = Instant::now();

@@ -855,4 +855,18 @@ fn a_root_engine_holds_no_capability_and_cannot_rewrite_the_agents_files() {
         "real",
         "a root engine rewrote the agent's file on the shared root"
     );
+    // R-SEC-2 / issue 39: the shared root is the agent user's (as the node
+    // image makes it), so a root engine without capabilities cannot rename
+    // the discovery folder away and put a root-owned one in its place.
+    std::os::unix::fs::chown(shared.path(), Some(990), Some(990)).unwrap();
+    let o = run(&["take-folder", "/private/ray"]);
+    assert_eq!(stdout(&o).trim(), "refused", "{}", show(&o));
+    assert_eq!(std::fs::read_to_string(&record).unwrap(), "real");
+    assert!(!shared.path().join("ray.taken").exists());
+    // Control: with a root-owned shared root (the old layout) the same
+    // engine, as its owner, does take it.
+    std::os::unix::fs::chown(shared.path(), Some(0), Some(0)).unwrap();
+    let o = run(&["take-folder", "/private/ray"]);
+    assert_eq!(stdout(&o).trim(), "taken", "control: {}", show(&o));
+    assert!(shared.path().join("ray.taken").join("head.json").exists());
 }

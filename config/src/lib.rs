@@ -228,7 +228,9 @@ impl ShimConfig {
 
 /// Reads `ARGUS_RAY_USER`: a user of this image, and another than the
 /// agent's only when the agent is root.
-fn read_ray_user(r: &mut Reader) -> Result<Option<argus_supervise::privs::RayUser>, ConfigError> {
+pub fn read_ray_user(
+    r: &mut Reader,
+) -> Result<Option<argus_supervise::privs::RayUser>, ConfigError> {
     let Some(spec) = r.text("ARGUS_RAY_USER")?.filter(|v| !v.trim().is_empty()) else {
         return Ok(None);
     };
@@ -291,9 +293,13 @@ pub struct Config {
     pub file_events: bool,
     /// GCS fault tolerance (R-WRK-7): the external Redis, if configured.
     pub gcs_ft_redis: Option<RedisAddr>,
+    /// With GCS FT: the file the Redis password is read from at each start.
+    pub gcs_ft_password_file: Option<PathBuf>,
     /// With GCS FT: how long a worker may stay cut off from the GCS before
     /// it rejoins (the zombie-worker guard).
     pub gcs_ft_zombie: Duration,
+    /// Ray's token authentication (`RAY_AUTH_MODE=token`); false: disabled.
+    pub ray_auth: bool,
     pub log: Logging,
     pub preflight: PreflightConfig,
     pub hook: HookConfig,
@@ -604,7 +610,29 @@ impl Config {
         let stable_run = r.seconds("ARGUS_STABLE_RUN_S")?;
         let file_events = r.flag("ARGUS_FILE_EVENTS")?;
         let gcs_ft_redis = read_gcs_ft_redis(&mut r)?;
+        let gcs_ft_password_file = match r.value("ARGUS_GCS_FT_REDIS_PASSWORD_FILE")? {
+            Some(v) if !v.is_empty() => {
+                let p = PathBuf::from(v);
+                crate::table::check_path("ARGUS_GCS_FT_REDIS_PASSWORD_FILE", &p)?;
+                Some(p)
+            }
+            _ => None,
+        };
+        if let (
+            Some(f),
+            Some(RedisAddr {
+                password: Some(_), ..
+            }),
+        ) = (&gcs_ft_password_file, &gcs_ft_redis)
+        {
+            return Err(ConfigError::new(
+                "ARGUS_GCS_FT_REDIS_PASSWORD_FILE",
+                &f.display().to_string(),
+                "ARGUS_GCS_FT_REDIS holds a password too: give it in one place",
+            ));
+        }
         let gcs_ft_zombie = r.seconds("ARGUS_GCS_FT_ZOMBIE_S")?;
+        let ray_auth = r.choice("RAY_AUTH_MODE")? == "token";
         let shim = ShimConfig::read(&mut r)?;
         Ok(Config {
             role,
@@ -634,7 +662,9 @@ impl Config {
             stable_run,
             file_events,
             gcs_ft_redis,
+            gcs_ft_password_file,
             gcs_ft_zombie,
+            ray_auth,
             log,
             preflight,
             hook,
@@ -1194,7 +1224,13 @@ mod tests {
         let c = cfg(&[("ARGUS_ROLE", "head")]).unwrap();
         assert_eq!(c.settings.len(), VARIABLES.len());
         for v in VARIABLES {
-            assert!(v.name.starts_with("ARGUS_"), "{}", v.name);
+            // Ray's own name where the setting is Ray's (its CLI and
+            // drivers read the same variable).
+            assert!(
+                v.name.starts_with("ARGUS_") || v.name == "RAY_AUTH_MODE",
+                "{}",
+                v.name
+            );
             assert!(!v.help.is_empty() && !v.help.contains('\n'), "{}", v.name);
         }
     }

@@ -279,7 +279,9 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_STABLE_RUN_S", N, Kind::Seconds { min: 0.1 }, Value("60"), "a run this long resets the backoff"),
     var("ARGUS_FILE_EVENTS", D, Kind::Bool, Value("on"), "use inotify besides polling"),
     var("ARGUS_GCS_FT_REDIS", N, Kind::Text, Unset("(off)"), "GCS fault tolerance: external Redis, host:port or redis://[[user]:password@]host:port"),
+    var("ARGUS_GCS_FT_REDIS_PASSWORD_FILE", N, Kind::Path, Unset("(none)"), "with GCS FT: a file holding the Redis password (read by the head at every Ray start), instead of one in ARGUS_GCS_FT_REDIS"),
     var("ARGUS_GCS_FT_ZOMBIE_S", N, Kind::Seconds { min: 10.0 }, Value("300"), "with GCS FT: a worker cut off from the GCS this long rejoins; also Ray's GCS reconnect timeout"),
+    var("RAY_AUTH_MODE", N, Kind::Choice(&["token", "disabled"]), Value("token"), "Ray's token authentication on the dashboard, the Jobs API and the GCS (Ray's own variable): `token`, the cluster's token from RAY_AUTH_TOKEN or made by the first head; `disabled` is unsafe: whoever reaches the dashboard runs code"),
     var("ARGUS_SHIM_POLICY", S, Kind::Text, Unset("default"), "`default` or `relaxed` (lifts every shim rule but the image allow-list)"),
     var("ARGUS_SHIM_ALLOWED_IMAGES", S, Kind::Text, Unset("(any)"), "comma-separated image patterns the shim may run"),
     var("ARGUS_SHIM_LOG", S, Kind::Text, Unset("warn"), "the shim's log filter"),
@@ -584,7 +586,7 @@ pub fn parse_bool(v: &str) -> Option<bool> {
     }
 }
 
-fn check_path(var: &'static str, p: &Path) -> Result<(), ConfigError> {
+pub(crate) fn check_path(var: &'static str, p: &Path) -> Result<(), ConfigError> {
     let shown = p.display().to_string();
     if !p.is_absolute() {
         return Err(ConfigError::new(var, &shown, "must be an absolute path"));

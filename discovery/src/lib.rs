@@ -15,6 +15,7 @@ pub mod lease;
 pub mod publish;
 pub mod read;
 pub mod record;
+pub mod token;
 pub mod trust;
 
 pub use claim::{claim_generation, highest_generation, scan_generations, ClaimError, Scan};

@@ -48,12 +48,30 @@ def healthz(ip, port):
         return False
 
 
+SERVE_NAMESPACE = "serve"
+SERVE_CONTROLLER = "SERVE_CONTROLLER_ACTOR"
+
+
 def serve_actors_by_node(stub, gcs_service_pb2, gcs_pb2):
-    """Returns {node id hex: number of ALIVE Serve actors (replicas, proxies)}."""
+    """Returns {node id hex: number of ALIVE Serve actors (replicas, proxies)}.
+
+    Serve's actors are those of the job of the live actor named
+    SERVE_CONTROLLER_ACTOR in the "serve" namespace (a name only one actor
+    holds while the controller lives; the replicas and proxies it makes are
+    of its job, also the ones a restarted controller recovers). A class
+    name proves nothing: any task can make an actor class "ServeReplica:x"
+    that would hold every drain to its deadline. With no live controller
+    (restarting), the class names are all there is to go by."""
     filters = gcs_service_pb2.GetAllActorInfoRequest.Filters(state=gcs_pb2.ActorTableData.ALIVE)
     reply = stub.GetAllActorInfo(gcs_service_pb2.GetAllActorInfoRequest(filters=filters), timeout=10)
+    actors = list(reply.actor_table_data)
+    controllers = [a for a in actors
+                   if a.name == SERVE_CONTROLLER and a.ray_namespace == SERVE_NAMESPACE]
+    serve_job = controllers[0].job_id if len(controllers) == 1 else None
     out = {}
-    for a in reply.actor_table_data:
+    for a in actors:
+        if serve_job is not None and (a.job_id != serve_job or a.ray_namespace != SERVE_NAMESPACE):
+            continue
         name = a.class_name
         if not (name == "ProxyActor" or name.startswith("ServeReplica:")):
             continue
@@ -105,7 +123,16 @@ def main():
     emit(event="drain", accepted=bool(accepted), message=message or "", node_id=me)
     if not accepted:
         return 0
-    stub = gcs_service_pb2_grpc.ActorInfoGcsServiceStub(grpc.insecure_channel(a.gcs))
+    from ray._private.authentication.grpc_authentication_client_interceptor import (
+        SyncAuthenticationMetadataClientInterceptor,
+    )
+
+    # The cluster's token on every call (a plain channel is refused when
+    # Ray's token authentication is on; the agent sets RAY_AUTH_TOKEN_PATH).
+    channel = grpc.intercept_channel(
+        grpc.insecure_channel(a.gcs), SyncAuthenticationMetadataClientInterceptor()
+    )
+    stub = gcs_service_pb2_grpc.ActorInfoGcsServiceStub(channel)
     while True:
         try:
             nodes = gcs.get_all_node_info(timeout=10)

@@ -19,7 +19,7 @@ agent whose Ray rode a head restart through runs it every 30 s as the Ray
 user (node/src/actor_reaper.rs). By hand (no driver, no dashboard: one
 gRPC call to the GCS)::
 
-    docker exec -u ray -i <node> python - <gcs ip:port> < reap_dead_actors.py
+    docker exec -u ray -i <node> python -I - <gcs ip:port> < reap_dead_actors.py
 
 For every actor the GCS lists as DEAD because of a ``ray.kill`` (death
 cause RAY_KILL: the kill the GCS never delivered) whose worker ran on this
@@ -47,10 +47,22 @@ from ray.core.generated import common_pb2, gcs_pb2, gcs_service_pb2, gcs_service
 RAY_KILL = common_pb2.ActorDiedErrorContext.RAY_KILL
 
 
+def gcs_channel(address):
+    """A gRPC channel to the GCS that carries the cluster's token when Ray's
+    token authentication is on (RAY_AUTH_MODE=token; the token from
+    RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, which the agent sets): the
+    interceptor Ray's own clients use. A plain channel is refused
+    (UNAUTHENTICATED)."""
+    channel = grpc.insecure_channel(address)
+    from ray._private.authentication.grpc_authentication_client_interceptor import (
+        SyncAuthenticationMetadataClientInterceptor,
+    )
+    return grpc.intercept_channel(channel, SyncAuthenticationMetadataClientInterceptor())
+
+
 
 def dead_actors(address):
-    channel = grpc.insecure_channel(address)
-    stub = gcs_service_pb2_grpc.ActorInfoGcsServiceStub(channel)
+    stub = gcs_service_pb2_grpc.ActorInfoGcsServiceStub(gcs_channel(address))
     filters = gcs_service_pb2.GetAllActorInfoRequest.Filters(
         state=gcs_pb2.ActorTableData.DEAD
     )

@@ -1,6 +1,10 @@
 """Prints this Ray cluster's nodes as JSON, from inside the head container.
 
-Run it in the head:  docker exec -i <head> python - < docker/tools/ray_nodes.py
+The node image carries it in `argus-agent ray-tool nodes`, which runs it as
+the Ray user, confined as Ray is, with Python isolated (never run the
+image's Python as root: it may be the Ray user's to change, and so is its
+home):
+    docker exec <head> argus-agent ray-tool nodes
 Output: {"address": "ip:port", "alive": N, "nodes": [{"ip", "alive", "id",
 "resources"}...]}. The GCS is this container's own (its IP, ARGUS_RAY_PORT);
 the port is probed first so a missing GCS fails in seconds, not after Ray's

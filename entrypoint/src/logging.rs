@@ -197,14 +197,87 @@ pub fn init(
 }
 
 /// Installs the shim's subscriber: stderr only, no time (Ray's log lines
-/// carry their own), at the filter in `ARGUS_SHIM_LOG` (default `warn`).
+/// carry their own), at the node's filter in `ARGUS_SHIM_LOG` (default
+/// `warn`; under an agent this process's environment holds the node's
+/// settings, never the caller's). Libraries stay at warnings and errors
+/// whatever the filter says: bollard logs each decoded Docker answer at
+/// debug, and Docker's answers are never logged (R-SEC-8).
 pub fn init_shim() {
     let filter = std::env::var(argus_podman::LOG_ENV).unwrap_or_else(|_| "warn".into());
-    let _ = fmt()
-        .with_env_filter(EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
+    let _ = tracing_subscriber::registry()
+        .with(shim_layer(&filter, std::io::stderr))
+        .try_init();
+}
+
+/// The shim's formatting layer at `filter`, libraries capped at warn.
+fn shim_layer<W>(filter: &str, writer: W) -> BoxedLayer
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    use tracing_subscriber::filter::FilterExt;
+    fmt::layer()
+        .with_writer(writer)
         .with_ansi(false)
         .with_target(false)
         .without_time()
-        .try_init();
+        .with_filter(EnvFilter::new(filter).and(EnvFilter::new(OWN_CRATES_ONLY)))
+        .boxed()
+}
+
+/// Every level for the project's own crates (their targets all start with
+/// `argus`), warnings and errors for every other.
+const OWN_CRATES_ONLY: &str = "warn,argus=trace";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A writer into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buffer {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What the shim's layer at `filter` writes of one debug event of
+    /// bollard (a decoded Docker answer) and one of the shim.
+    fn shim_logs_at(filter: &str) -> String {
+        let buf = Buffer::default();
+        let out = buf.clone();
+        let subscriber =
+            tracing_subscriber::registry().with(shim_layer(filter, move || out.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::debug!(target: "bollard::docker", "Decoded type: ANSWER_SECRET");
+            tracing::trace!(target: "hyper_util::client", "ANSWER_SECRET read");
+            tracing::debug!(target: "argus_podman::docker", "found own container");
+            tracing::warn!(target: "bollard::docker", "a library warning");
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        text
+    }
+
+    #[test]
+    fn the_shims_filter_never_lets_a_library_below_warn() {
+        for filter in [
+            "debug",
+            "trace",
+            "bollard=trace",
+            "trace,bollard=trace,hyper_util=trace",
+        ] {
+            let text = shim_logs_at(filter);
+            assert!(!text.contains("ANSWER_SECRET"), "{filter}: {text}");
+            assert!(text.contains("a library warning"), "{filter}: {text}");
+        }
+        // Control: the filter does reach the shim's own crates.
+        assert!(shim_logs_at("debug").contains("found own container"));
+        assert!(!shim_logs_at("warn").contains("found own container"));
+    }
 }

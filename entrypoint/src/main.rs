@@ -68,6 +68,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run an operator's Ray command in this node as the Ray user, confined
+    /// as Ray is (no groups, no capabilities, no_new_privs), from `/`, with
+    /// Python isolated: `nodes`, `ray ARGS`, `serve ARGS` (`serve deploy -`
+    /// takes the config on stdin), `python` (a script on stdin). Use it
+    /// instead of running the image's Python in a `docker exec`.
+    #[command(name = "ray-tool", disable_help_flag = true)]
+    RayTool {
+        /// nodes, ray, serve or python.
+        #[arg(value_enum)]
+        tool: cmd::raytool::Tool,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// The podman shim: forward podman calls to the Docker daemon.
     #[command(disable_help_flag = true)]
     Podman {
@@ -109,6 +122,14 @@ fn main() -> ExitCode {
         ));
     }
 
+    // An operator's Ray command: before run() sets up the node's signal
+    // handling and child reaper, which would take the child's exit.
+    if argv.get(1).is_some_and(|a| a == "ray-tool") {
+        if let Some(Command::RayTool { tool, args }) = Cli::parse().command {
+            return ExitCode::from(cmd::raytool::run(tool, args));
+        }
+    }
+
     let code = match run() {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
@@ -138,6 +159,7 @@ fn run() -> cmd::Outcome {
         Command::Healthcheck => cmd::status::healthcheck(),
         Command::Metrics { catalogue } => cmd::status::metrics(catalogue),
         Command::Head { json } => cmd::head::run(json),
+        Command::RayTool { tool, args } => Ok(cmd::raytool::run(tool, args)),
         Command::Podman { .. } => unreachable!("dispatched above"),
     }
 }

@@ -54,7 +54,7 @@ pub(super) struct ActorReaper {
 impl ActorReaper {
     /// Starts the thread (asleep until [`ActorReaper::arm`]: a disarmed
     /// reaper never wakes); it ends when `stop` is requested.
-    pub(super) fn start(user: Option<RayUser>, stop: &Stop) -> Self {
+    pub(super) fn start(user: Option<RayUser>, env: Vec<(String, String)>, stop: &Stop) -> Self {
         let (tx, rx) = mpsc::channel::<Msg>();
         let on_stop = tx.clone();
         stop.on_request(move || {
@@ -75,7 +75,7 @@ impl ActorReaper {
                         Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                         Err(RecvTimeoutError::Timeout) => {
                             if let Some(a) = &gcs {
-                                reap_once(Path::new(SCRIPT), a, user.as_ref(), &stop);
+                                reap_once(Path::new(SCRIPT), a, user.as_ref(), &env, &stop);
                             }
                         }
                     }
@@ -103,13 +103,20 @@ impl ActorReaper {
 }
 
 /// Runs the script once; logs what it killed or why it failed.
-fn reap_once(script: &Path, gcs: &str, user: Option<&RayUser>, stop: &Stop) {
+fn reap_once(
+    script: &Path,
+    gcs: &str,
+    user: Option<&RayUser>,
+    env: &[(String, String)],
+    stop: &Stop,
+) {
     if !script.exists() {
         return;
     }
     let mut cmd = Command::new("python");
     cmd.arg(script).arg(gcs);
     confine(&mut cmd, user);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     match reaper::spawn_captured(&mut cmd, TIMEOUT, stop) {
         Ok(c) if c.exit.is_some_and(|e| e.success()) => {
             let out = String::from_utf8_lossy(&c.stdout);

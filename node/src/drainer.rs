@@ -10,15 +10,15 @@
 //!   the node loop as [`Event::Drain`] inputs.
 //! - [`ProxyWatch`]: whether this node's Serve proxy answers its health
 //!   check (the node's status and metrics say so; the rolling replacement
-//!   waits on it).
+//!   waits on it), checked often only while the answer may change.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use nix::sys::signal::{self, Signal};
@@ -117,7 +117,13 @@ impl LbAgent {
             .name("lb-agent".into())
             .spawn(move || {
                 for conn in listener.incoming() {
-                    let Ok(mut c) = conn else { continue };
+                    // One line and the connection is closed: no
+                    // connection is held. A failed accept (out of
+                    // descriptors) pauses rather than spins.
+                    let Ok(mut c) = conn else {
+                        std::thread::sleep(argus_telemetry::metrics::ACCEPT_BACKOFF);
+                        continue;
+                    };
                     let answer = if d.load(Ordering::SeqCst) {
                         "drain"
                     } else {
@@ -153,6 +159,8 @@ pub struct HelperArgs<'a> {
     pub serve_port: u16,
     pub deadline: Duration,
     pub user: Option<&'a RayUser>,
+    /// Ray's authentication variables ([`crate::auth::client_env`]).
+    pub env: &'a [(String, String)],
 }
 
 impl Helper {
@@ -172,6 +180,7 @@ impl Helper {
             .stdout(Stdio::piped())
             .process_group(0);
         confine(&mut cmd, a.user);
+        cmd.envs(a.env.iter().map(|(k, v)| (k, v)));
         let ended = tx.clone();
         let (pid, stdout) = reaper::spawn_piped(&mut cmd, move |exit| {
             let _ = ended.send(Event::Drain(Input::Failed(format!(
@@ -200,15 +209,16 @@ impl Drop for Helper {
 
 /// Turns the helper's lines into inputs until its stdout closes.
 fn read_reports(out: impl Read, tx: &Sender<Event>) {
-    for line in BufReader::new(out).lines() {
-        let Ok(line) = line else { return };
+    for line in argus_supervise::lines::bounded_lines(out, argus_supervise::lines::LINE_MAX) {
+        let Ok((line, _cut)) = line else { return };
+        let line = String::from_utf8_lossy(&line);
         match parse_report(&line) {
             Some(input) => {
                 if tx.send(Event::Drain(input)).is_err() {
                     return;
                 }
             }
-            None => debug!(line, "drain helper"),
+            None => debug!(line = %line, "drain helper"),
         }
     }
 }
@@ -239,33 +249,163 @@ pub fn parse_report(line: &str) -> Option<Input> {
     }
 }
 
+/// The proxy watch's gap between checks while its answer may change soon:
+/// after it changed, after Ray started or stopped, during a drain.
+pub const PROXY_FAST: Duration = Duration::from_secs(1);
+/// The proxy watch's longest gap: while its answer stays the same the gap
+/// doubles from [`PROXY_FAST`] up to this (an idle worker checks twice a
+/// minute; issue 41).
+pub const PROXY_SLOW: Duration = Duration::from_secs(30);
+
+/// When the proxy watch checks next, after a check that found `up` with
+/// `gap` before it; `fresh`: the check followed a change of its answer or
+/// news from the node (Ray started or stopped, a drain began). Returns
+/// `None` for no check until the node tells something: no Ray runs and the
+/// proxy is down, and Serve's proxy cannot come up without Ray.
+pub fn next_proxy_check(
+    gap: Duration,
+    fresh: bool,
+    up: bool,
+    ray: bool,
+    draining: bool,
+) -> Option<Duration> {
+    if draining {
+        Some(PROXY_FAST)
+    } else if !ray && !up {
+        None
+    } else if fresh {
+        Some(PROXY_FAST)
+    } else {
+        Some((gap * 2).clamp(PROXY_FAST, PROXY_SLOW))
+    }
+}
+
+/// What the node tells the proxy watch.
+#[derive(Debug, Default)]
+struct WatchNews {
+    /// Ray runs on this node.
+    ray: bool,
+    /// A drain is under way (until the stop).
+    draining: bool,
+    /// Something above changed since the watch last looked: check now.
+    told: bool,
+    stopped: bool,
+}
+
+/// Why the proxy watch's wait ended.
+enum WatchWake {
+    Due,
+    Told,
+    Stopped,
+}
+
 /// Watches this node's Serve proxy: `GET /-/healthz` on the serve port of
-/// the node's own address every second; a change reaches the loop as
-/// [`Event::ProxyServing`].
-pub struct ProxyWatch;
+/// the node's own address; a change reaches the loop as
+/// [`Event::ProxyServing`]. Not a fixed tick (issue 41): it checks every
+/// [`PROXY_FAST`] while the answer may change soon, backs off to
+/// [`PROXY_SLOW`] while it stays the same, does not check while no Ray
+/// runs (after one check that found the proxy down), and checks at once
+/// when the node tells it that Ray started or stopped or a drain began
+/// ([`next_proxy_check`]).
+pub struct ProxyWatch {
+    news: Arc<(Mutex<WatchNews>, Condvar)>,
+}
 
 impl ProxyWatch {
-    /// Starts the watch thread; it ends with the stop.
-    pub fn start(addr: SocketAddr, tx: Sender<Event>, stop: &Stop) {
-        let stop = stop.clone();
+    /// Starts the watch thread (it checks at once); it ends with the stop.
+    pub fn start(addr: SocketAddr, tx: Sender<Event>, stop: &Stop) -> Self {
+        let news = Arc::new((Mutex::new(WatchNews::default()), Condvar::new()));
+        let on_stop = news.clone();
+        stop.on_request(move || {
+            let (m, cv) = &*on_stop;
+            lock(m).stopped = true;
+            cv.notify_all();
+        });
+        let shared = news.clone();
         let spawned = std::thread::Builder::new()
             .name("proxy-watch".into())
-            .spawn(move || {
-                let mut last = None;
-                while !stop.is_requested() {
-                    let up = healthz(addr);
-                    if last != Some(up) {
-                        last = Some(up);
-                        if tx.send(Event::ProxyServing(up)).is_err() {
-                            return;
-                        }
-                    }
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-            });
+            .spawn(move || watch_proxy(addr, &tx, &shared));
         if let Err(e) = spawned {
             warn!(error = %e, "cannot watch the serve proxy");
         }
+        Self { news }
+    }
+
+    /// Tells the watch whether Ray runs; a change makes it check at once
+    /// and then every [`PROXY_FAST`] again (Serve's proxy comes and goes
+    /// with Ray). Cheap when nothing changed: the loop calls it every turn.
+    pub fn ray(&self, running: bool) {
+        self.tell(|n| std::mem::replace(&mut n.ray, running) != running);
+    }
+
+    /// A drain began: the watch checks at once and every [`PROXY_FAST`]
+    /// until the stop (the node's status and `argus_serve_proxy_up` follow
+    /// the proxy as it leaves).
+    pub fn draining(&self) {
+        self.tell(|n| !std::mem::replace(&mut n.draining, true));
+    }
+
+    fn tell(&self, change: impl FnOnce(&mut WatchNews) -> bool) {
+        let (m, cv) = &*self.news;
+        let mut n = lock(m);
+        if change(&mut n) {
+            n.told = true;
+            cv.notify_all();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The watch thread: a check, then a wait as [`next_proxy_check`] says,
+/// until the stop or the loop's end.
+fn watch_proxy(addr: SocketAddr, tx: &Sender<Event>, news: &(Mutex<WatchNews>, Condvar)) {
+    let (m, cv) = news;
+    let mut last = None;
+    let mut gap = PROXY_FAST;
+    let mut fresh = true;
+    loop {
+        let up = healthz(addr);
+        if last != Some(up) {
+            last = Some(up);
+            fresh = true;
+            if tx.send(Event::ProxyServing(up)).is_err() {
+                return;
+            }
+        }
+        let mut n = lock(m);
+        let next = next_proxy_check(gap, fresh, up, n.ray, n.draining);
+        if let Some(g) = next {
+            gap = g;
+        }
+        let due = next.map(|g| Instant::now() + g);
+        let wake = loop {
+            if n.stopped {
+                break WatchWake::Stopped;
+            }
+            if std::mem::take(&mut n.told) {
+                break WatchWake::Told;
+            }
+            n = match due {
+                None => cv.wait(n).unwrap_or_else(PoisonError::into_inner),
+                Some(at) => {
+                    let left = at.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break WatchWake::Due;
+                    }
+                    cv.wait_timeout(n, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+            };
+        };
+        fresh = match wake {
+            WatchWake::Stopped => return,
+            WatchWake::Told => true,
+            WatchWake::Due => false,
+        };
     }
 }
 
@@ -313,7 +453,7 @@ impl<R: super::RoleLoop> Node<R> {
             }
         }
         let addr = SocketAddr::new(self.ip, self.cfg.drain.serve_port);
-        ProxyWatch::start(addr, self.tx.clone(), &self.stop);
+        self.proxy_watch = Some(ProxyWatch::start(addr, self.tx.clone(), &self.stop));
     }
 
     /// The first SIGTERM of a worker whose Ray runs: drains before the
@@ -329,6 +469,9 @@ impl<R: super::RoleLoop> Node<R> {
             self.stop.request();
             return;
         };
+        if let Some(w) = &self.proxy_watch {
+            w.draining();
+        }
         let now = Instant::now();
         let mut timeout = self.cfg.drain.timeout;
         if let Some(limit) = self.drain_gate.limit().filter(|l| *l < timeout) {
@@ -360,6 +503,7 @@ impl<R: super::RoleLoop> Node<R> {
                 serve_port: self.cfg.drain.serve_port,
                 deadline: timeout,
                 user: self.cfg.ray_user.as_ref(),
+                env: &super::auth::client_env(&self.cfg),
             },
             self.tx.clone(),
         );
@@ -461,6 +605,38 @@ mod tests {
     }
 
     #[test]
+    fn an_endless_line_of_the_helper_is_dropped_and_the_next_report_still_arrives() {
+        // 256 MiB of one line (never held: the reader makes it up), then a
+        // report: PID 1 keeps at most one bounded line of it.
+        struct Endless(usize, &'static [u8]);
+        impl Read for Endless {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                if self.0 > 0 {
+                    let n = buf.len().min(self.0);
+                    buf[..n].fill(b'{');
+                    self.0 -= n;
+                    return Ok(n);
+                }
+                let n = buf.len().min(self.1.len());
+                buf[..n].copy_from_slice(&self.1[..n]);
+                self.1 = &self.1[n..];
+                Ok(n)
+            }
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        read_reports(
+            Endless(256 << 20, b"\n{\"event\":\"drain\",\"accepted\":true}\n"),
+            &tx,
+        );
+        let got: Vec<_> = rx.try_iter().collect();
+        assert!(
+            matches!(got.as_slice(), [Event::Drain(Input::Accepted)]),
+            "{} events",
+            got.len()
+        );
+    }
+
+    #[test]
     fn helper_lines_become_inputs_and_anything_else_is_ignored() {
         assert_eq!(
             parse_report(r#"{"event":"drain","accepted":true}"#),
@@ -520,6 +696,113 @@ mod tests {
         a.drain();
         assert_eq!(ask(), "drain\n");
         assert_eq!(ask(), "drain\n");
+    }
+
+    #[test]
+    fn the_proxy_watch_checks_fast_only_while_its_answer_may_change() {
+        let s = Duration::from_secs;
+        // After a change (or news), 1 s; then the gap doubles to 30 s.
+        let mut gap = next_proxy_check(s(30), true, true, true, false).unwrap();
+        let mut gaps = vec![gap];
+        for _ in 0..7 {
+            gap = next_proxy_check(gap, false, true, true, false).unwrap();
+            gaps.push(gap);
+        }
+        assert_eq!(gaps, [1, 2, 4, 8, 16, 30, 30, 30].map(s));
+        assert_eq!(
+            next_proxy_check(s(8), false, false, true, false),
+            Some(s(16))
+        );
+        assert_eq!(
+            next_proxy_check(s(30), true, false, true, false),
+            Some(s(1))
+        );
+        // No Ray and the proxy down: nothing to check until told.
+        assert_eq!(next_proxy_check(s(1), true, false, false, false), None);
+        assert_eq!(next_proxy_check(s(4), false, false, false, false), None);
+        // No Ray but the proxy still answers: it is going; keep looking.
+        assert_eq!(
+            next_proxy_check(s(4), false, true, false, false),
+            Some(s(8))
+        );
+        // A drain: every second, whatever else.
+        for (fresh, up, ray) in [
+            (false, true, true),
+            (false, false, false),
+            (true, true, false),
+        ] {
+            assert_eq!(next_proxy_check(s(30), fresh, up, ray, true), Some(s(1)));
+        }
+    }
+
+    /// A proxy that answers 503 and counts the checks.
+    fn counting_proxy() -> (SocketAddr, Arc<AtomicU64>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let n = Arc::new(AtomicU64::new(0));
+        let seen = n.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { continue };
+                let mut buf = [0u8; 256];
+                let _ = c.read(&mut buf);
+                let _ = c.write_all(b"HTTP/1.1 503 Service Unavailable\r\n\r\n");
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        (addr, n)
+    }
+
+    fn wait_until(what: &str, cond: impl Fn() -> bool) {
+        let until = Instant::now() + Duration::from_secs(20);
+        while !cond() {
+            assert!(Instant::now() < until, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn the_proxy_watch_sleeps_without_ray_and_wakes_when_told() {
+        let (addr, checks) = counting_proxy();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Stop::new();
+        let w = ProxyWatch::start(addr, tx, &stop);
+        let first = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert!(matches!(first, Event::ProxyServing(false)), "{first:?}");
+        wait_until("the first check", || checks.load(Ordering::SeqCst) == 1);
+        // No Ray, the proxy down: no check until told.
+        std::thread::sleep(Duration::from_millis(2500));
+        assert_eq!(checks.load(Ordering::SeqCst), 1, "checked without Ray");
+        w.ray(false);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(checks.load(Ordering::SeqCst), 1, "no news, no check");
+        // Ray starts: a check at once (the watch was parked).
+        w.ray(true);
+        wait_until("a check once Ray runs", || {
+            checks.load(Ordering::SeqCst) == 2
+        });
+        // Ray stops: a check at once, then parked again.
+        w.ray(false);
+        wait_until("a check once Ray stopped", || {
+            checks.load(Ordering::SeqCst) == 3
+        });
+        std::thread::sleep(Duration::from_millis(2500));
+        assert_eq!(checks.load(Ordering::SeqCst), 3, "checked without Ray");
+        // A drain: a check at once and then every second, Ray or not.
+        w.draining();
+        wait_until("fast checks while draining", || {
+            checks.load(Ordering::SeqCst) >= 6
+        });
+        assert!(rx.try_recv().is_err(), "the answer did not change");
+        // The stop ends the thread: its sender goes.
+        stop.request();
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            match rx.recv_timeout(Duration::from_secs(20)) {
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                _ => assert!(Instant::now() < until, "the watch did not end"),
+            }
+        }
     }
 
     #[test]

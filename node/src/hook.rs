@@ -9,7 +9,7 @@
 //! through the single reaper; its stdout and stderr share one pipe that is
 //! close-on-exec in the agent, so no other child can hold it open.
 
-use std::io::{self, BufRead, BufReader};
+use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -178,9 +178,11 @@ pub fn run_hook(
         .name("prestart-hook-output".into())
         .spawn(move || {
             let mut tail: Vec<String> = Vec::new();
-            let reader = BufReader::new(std::fs::File::from(read_end));
-            for line in reader.split(b'\n') {
-                let Ok(line) = line else { break };
+            let reader = std::fs::File::from(read_end);
+            for line in
+                argus_supervise::lines::bounded_lines(reader, argus_supervise::lines::LINE_MAX)
+            {
+                let Ok((line, _cut)) = line else { break };
                 let line = String::from_utf8_lossy(&line).trim_end().to_string();
                 info!(hook = %hook_name, pid, line = %line, "prestart hook output");
                 if tail.len() == TAIL_LINES {

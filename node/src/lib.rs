@@ -69,6 +69,7 @@ const WITHDRAW_BOUND: Duration = Duration::from_millis(1000);
 const CRASH_LOOP_AFTER: u32 = 3;
 
 mod actor_reaper;
+pub mod auth;
 mod drain;
 mod drainer;
 mod head;
@@ -193,6 +194,15 @@ impl NodeAgent {
         self.0.drain_gate.clone()
     }
 
+    /// Says in the status whether engine containers can start on this
+    /// node: `None` when they can, else why not (with the fix).
+    pub fn set_engine_containers(&mut self, unavailable: Option<String>) {
+        self.0.engine_containers = Some(match unavailable {
+            None => "available".to_string(),
+            Some(why) => format!("unavailable: {why}"),
+        });
+    }
+
     /// Adds variables to Ray's environment (e.g. from preflight).
     pub fn add_ray_env(&mut self, env: Vec<(String, String)>) {
         self.0.extra_env.extend(env);
@@ -266,8 +276,14 @@ pub(crate) struct Node<R = ()> {
     drain_wake: Option<Instant>,
     helper: Option<drainer::Helper>,
     lb_agent: Option<drainer::LbAgent>,
+    /// Worker: watches this node's Serve proxy; told when Ray starts or
+    /// stops and when a drain begins.
+    proxy_watch: Option<drainer::ProxyWatch>,
     /// Worker: this node's Serve proxy answers (None: not checked yet).
     serve_proxy: Option<bool>,
+    /// Whether engine containers can start here (`available` or
+    /// `unavailable: why`), as the binary found the Docker socket at start.
+    engine_containers: Option<String>,
 }
 
 impl Node {
@@ -319,7 +335,9 @@ impl Node {
             drain_wake: None,
             helper: None,
             lb_agent: None,
+            proxy_watch: None,
             serve_proxy: None,
+            engine_containers: None,
             tx,
         }
     }
@@ -376,13 +394,25 @@ impl Node {
             drain_wake: self.drain_wake,
             helper: self.helper,
             lb_agent: self.lb_agent,
+            proxy_watch: self.proxy_watch,
             serve_proxy: self.serve_proxy,
+            engine_containers: self.engine_containers,
             role,
         }
     }
 }
 
 impl<R: RoleLoop> Node<R> {
+    /// Kills what is left of Ray once it has exited: PID 1's descendants,
+    /// and every other process of the Ray user when Ray runs as one
+    /// (R-SEC-9: nothing a job started survives a Ray stop or restart).
+    fn sweep(&mut self, deadline: Duration) -> usize {
+        match self.cfg.ray_user.as_ref().filter(|u| !u.is_current()) {
+            Some(u) => tree::sweep_descendants_and_user(&mut self.tree, deadline, u.uid),
+            None => tree::sweep_descendants(&mut self.tree, deadline),
+        }
+    }
+
     /// The loop: events, the stop, the role's tick, the next wake-up.
     fn run_loop(mut self) -> i32 {
         info!(
@@ -413,6 +443,11 @@ impl<R: RoleLoop> Node<R> {
                 return self.shutdown();
             }
             self.tick();
+            if self.stop.is_requested() {
+                // Requested by the tick itself (a drain that ended): stop
+                // now, not at the next event or deadline.
+                return self.shutdown();
+            }
             self.wake_at = self.next_wake();
         }
     }
@@ -505,6 +540,9 @@ impl<R: RoleLoop> Node<R> {
         }
         self.drain_gate
             .arm(self.cfg.drain.enabled && R::DRAINS && self.ray.is_some());
+        if let Some(w) = &self.proxy_watch {
+            w.ray(self.ray.is_some());
+        }
         if self
             .last_status
             .is_none_or(|t| t.elapsed() >= status::HEARTBEAT)
@@ -556,7 +594,7 @@ impl<R: RoleLoop> Node<R> {
         let sweep = budget_end
             .saturating_duration_since(Instant::now())
             .min(Duration::from_millis(500));
-        let swept = tree::sweep_descendants(&mut self.tree, sweep);
+        let swept = self.sweep(sweep);
         if swept > 0 {
             info!(swept, "killed leftover processes");
         }
@@ -643,6 +681,7 @@ impl<R: RoleLoop> Node<R> {
             serve_proxy: self
                 .serve_proxy
                 .map(|up| if up { "serving" } else { "not_serving" }.to_string()),
+            engine_containers: self.engine_containers.clone(),
             updated_at: rfc3339(SystemTime::now()),
         };
         if let Err(e) = status::write(&self.cfg.state_dir, &st) {

@@ -13,7 +13,7 @@ use tracing::{debug, error, info, warn};
 
 use argus_supervise::exitwatch::ExitWatch;
 use argus_supervise::reaper::{self, Exit};
-use argus_supervise::tree::{self, RayWatch};
+use argus_supervise::tree::RayWatch;
 use argus_telemetry::metrics::{self, RayExitKind};
 use argus_telemetry::status::NodeState;
 
@@ -133,6 +133,15 @@ impl<R: super::RoleLoop> Node<R> {
             // nothing it could not do itself).
             let _ = remove_in_own_folder(&self.ray_temp_dir(), "ray_current_cluster");
         }
+        let token = match self.ray_token(target.is_none()) {
+            Ok(t) => t,
+            Err(why) => {
+                error!(error = %why, "cannot start ray without the cluster's token; retrying");
+                metrics::ray_exited(RayExitKind::StartFailed);
+                self.after_ray_ended(Exit::Code(78), Duration::ZERO, false);
+                return;
+            }
+        };
         let mut args = self.ray_args(target.as_ref());
         self.runs += 1;
         let run = self.runs;
@@ -144,6 +153,23 @@ impl<R: super::RoleLoop> Node<R> {
         for (k, v) in &self.extra_env {
             cmd.env(k, v);
         }
+        // Ray's token in its environment, never argv (Ray forwards RAY_*
+        // variables to the Ray workers it starts in engine containers).
+        match &token {
+            Some(t) => {
+                cmd.env("RAY_AUTH_MODE", "token").env("RAY_AUTH_TOKEN", t);
+            }
+            None => {
+                warn!(
+                    "RAY_AUTH_MODE=disabled: Ray starts WITHOUT token authentication; anyone who \
+                     reaches the dashboard ({}) or the GCS ({}) runs any command on this cluster (unsafe)",
+                    self.cfg.dashboard_port, self.cfg.ray_port
+                );
+                cmd.env("RAY_AUTH_MODE", "disabled")
+                    .env_remove("RAY_AUTH_TOKEN");
+            }
+        }
+        cmd.env_remove("RAY_AUTH_TOKEN_PATH");
         let mut secret = None;
         match (&target, &self.cfg.gcs_ft_redis) {
             // R-WRK-7 on the head: the GCS keeps its tables in Redis, under
@@ -155,9 +181,26 @@ impl<R: super::RoleLoop> Node<R> {
                 if let Some(u) = &redis.username {
                     args.insert(1, format!("--redis-username={u}"));
                 }
-                if let Some(p) = &redis.password {
+                let password = match (&redis.password, &self.cfg.gcs_ft_password_file) {
+                    (Some(p), _) => Some(p.clone()),
+                    (None, Some(f)) => match super::auth::read_secret(f) {
+                        Ok(p) => Some(p),
+                        Err(e) => {
+                            error!(file = %f.display(), error = %e,
+                                "cannot read the Redis password (ARGUS_GCS_FT_REDIS_PASSWORD_FILE); retrying");
+                            metrics::ray_exited(RayExitKind::StartFailed);
+                            self.after_ray_ended(Exit::Code(78), Duration::ZERO, false);
+                            return;
+                        }
+                    },
+                    (None, None) => None,
+                };
+                // Ray 2.53 takes the password on `ray start`'s command line
+                // only (and gives it to gcs_server the same way): it is
+                // hidden from the agent's logs, not from the head's ps.
+                if let Some(p) = password {
                     args.insert(1, format!("--redis-password={p}"));
-                    secret = Some(p.clone());
+                    secret = Some(p);
                 }
             }
             // A worker of a fault-tolerant head waits for the GCS to come
@@ -228,6 +271,55 @@ impl<R: super::RoleLoop> Node<R> {
         }
     }
 
+    /// The token this start's Ray runs with (None: authentication is
+    /// disabled), the node's copy written; Err: why Ray cannot start now
+    /// (a worker before its head made the cluster's token, a refused file).
+    fn ray_token(&mut self, head: bool) -> Result<Option<String>, String> {
+        use argus_discovery::token;
+        let copy = super::auth::state_copy(&self.cfg);
+        if !self.cfg.ray_auth {
+            super::auth::remove_state_copy(&copy);
+            return Ok(None);
+        }
+        let given = super::auth::given(
+            std::env::var("RAY_AUTH_TOKEN").ok().as_deref(),
+            std::env::var("RAY_AUTH_TOKEN_PATH").ok().as_deref(),
+            &copy,
+        );
+        let token = match super::auth::operator_token(&given)? {
+            Some(t) => t,
+            None => {
+                let path = token::token_path(&self.cfg.head_file);
+                let shown = path.display().to_string();
+                let got = self.storage.run(
+                    "read the cluster's token",
+                    super::STORAGE_BOUND,
+                    move || {
+                        if head {
+                            token::read_or_create_token(&path, token::generate)
+                        } else {
+                            token::read_token(&path).map(|t| (t, false))
+                        }
+                    },
+                );
+                match got {
+                    Ok(Ok((t, made))) => {
+                        if made {
+                            info!(path = %shown, "made the cluster's Ray token");
+                        }
+                        t
+                    }
+                    Ok(Err(e)) => return Err(format!("the cluster's Ray token: {e}")),
+                    Err(e) => return Err(format!("the cluster's Ray token {shown}: {e}")),
+                }
+            }
+        };
+        let gid = self.cfg.ray_user.as_ref().map(|u| u.gid);
+        super::auth::write_state_copy(&copy, &token, gid)
+            .map_err(|e| format!("cannot write {}: {e}", copy.display()))?;
+        Ok(Some(token))
+    }
+
     pub(super) fn on_ray_exit(&mut self, run: u64, exit: Exit) {
         let Some(r) = self.ray.as_ref().filter(|r| r.run == run) else {
             debug!(run, %exit, "exit of a ray run already handled");
@@ -245,7 +337,7 @@ impl<R: super::RoleLoop> Node<R> {
         self.ray = None;
         // Ray's own children may outlive `ray start` (agents, idle workers).
         let _ = signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-        let swept = tree::sweep_descendants(&mut self.tree, Duration::from_secs(2));
+        let swept = self.sweep(Duration::from_secs(2));
         if on_purpose {
             info!(pid, %exit, swept, "ray stopped");
             if let Some(d) = self.drain.as_mut() {

@@ -115,6 +115,7 @@ impl Node<WorkerRole> {
     fn start_worker(&mut self) -> Result<(), i32> {
         self.actor_reaper = Some(super::actor_reaper::ActorReaper::start(
             self.cfg.ray_user.clone(),
+            super::auth::client_env(&self.cfg),
             &self.stop,
         ));
         self.start_serve_watch();

@@ -40,7 +40,6 @@ use bollard::models::{ContainerCreateBody, HostConfig};
 
 use crate::args::{run_flag, Rule, RunOpts, Volume};
 use crate::docker_host::DockerHost;
-use crate::labels::LABEL_PREFIX;
 use crate::selfid::{normalize, to_host, Gpus, HostPath, Limits, SelfContainer};
 use crate::translate::Plan;
 
@@ -142,6 +141,7 @@ pub const REFUSAL_RULES: &[&str] = &[
     "no_privileged",
     "no_cgroup_parent",
     "allowed_images",
+    "no_squatting",
     "unsupported",
     "unknown_flag",
     "unknown_command",
@@ -675,7 +675,7 @@ impl Policy {
             }
         }
         self.check_namespaces(o)?;
-        if let Some(l) = o.labels.iter().find(|l| l.starts_with(LABEL_PREFIX)) {
+        if let Some(l) = o.labels.iter().find(|l| crate::labels::is_reserved(l)) {
             return Err(refuse("--label", l, "no-shim-labels"));
         }
         if let (true, Some(name)) = (o.replace, &o.name) {
@@ -1494,6 +1494,11 @@ mod tests {
             (vec!["--cgroupns", "host"], "namespaces"),
             (vec!["--cgroup-parent", "/"], "no-cgroup-parent"),
             (vec!["--label", "io.argus.shim.owner=x"], "no-shim-labels"),
+            (vec!["--label", "io.argus.cluster=other"], "no-shim-labels"),
+            (
+                vec!["-l", "com.docker.compose.project=argus"],
+                "no-shim-labels",
+            ),
             (
                 vec!["-v", "/var/lib:/vl"],
                 "binds (not under ARGUS_SHIM_ALLOWED_BINDS)",
@@ -1786,6 +1791,7 @@ mod tests {
             devices: vec!["/dev/fuse".into()],
             networks: vec![],
             limits: Default::default(),
+            compose_project: None,
         };
         p.resolve(Some(&me), lexical);
         assert_eq!(
@@ -1930,6 +1936,7 @@ mod tests {
                 pids: 200,
                 cpuset_cpus: "0-3".into(),
             },
+            compose_project: Some("argus".into()),
         }
     }
 

@@ -63,6 +63,9 @@ pub struct SelfContainer {
     pub networks: Vec<String>,
     /// Its resource limits; 0 (or empty) when it has none.
     pub limits: Limits,
+    /// The compose project it belongs to (its `com.docker.compose.project`
+    /// label), when compose started it.
+    pub compose_project: Option<String>,
 }
 
 /// The resource limits of the Ray container, which bound its engine
@@ -136,7 +139,14 @@ impl SelfContainer {
                 Some(list) => Gpus::List(list.split(',').map(str::to_string).collect()),
             };
         }
+        let compose_project = cfg
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::labels::COMPOSE_PROJECT))
+            .filter(|p| !p.is_empty())
+            .cloned();
         SelfContainer {
+            compose_project,
             id: i.id.clone().unwrap_or_default(),
             network_mode: hc.network_mode.unwrap_or_default(),
             pid_mode: hc.pid_mode.unwrap_or_default(),

@@ -307,38 +307,140 @@ pub fn socket_folder_problem(docker_host: &DockerHost) -> Option<String> {
     ))
 }
 
-/// Returns the warnings about this node's Docker socket: the agent cannot
-/// open it, or Ray's user can (then any Ray task is root on the host).
-pub fn socket_warnings(docker_host: &DockerHost, ray_uid: u32, ray_gid: u32) -> Vec<String> {
+/// Where older `docker run` lines, compose files and platform templates
+/// mount the host's Docker socket (`-v /var/run/docker.sock:/var/run/docker.sock`).
+pub const USUAL_SOCKETS: [&str; 2] = ["/var/run/docker.sock", "/run/docker.sock"];
+
+/// What the agent found of this node's Docker socket at start.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SocketCheck {
+    /// Why engine containers will fail on this node (the socket is missing
+    /// or the agent cannot open it), with the fix; `None` when the agent
+    /// could open it.
+    pub unavailable: Option<String>,
+    /// Every warning to log, `unavailable` first.
+    pub warnings: Vec<String>,
+}
+
+/// Checks this node's Docker socket: the agent cannot open it (missing:
+/// then, when a socket is at one of `usual` instead, the exact mount that
+/// puts it where DOCKER_HOST says), or Ray's user can (then any Ray task is
+/// root on the host).
+pub fn check_socket(
+    docker_host: &DockerHost,
+    ray_uid: u32,
+    ray_gid: u32,
+    usual: &[&str],
+) -> SocketCheck {
     let Some(path) = docker_host.socket_path() else {
-        return vec![format!(
-            "DOCKER_HOST={docker_host} is not a unix socket: anything that can reach that address can use the daemon, Ray's user included"
-        )];
+        return SocketCheck {
+            unavailable: None,
+            warnings: vec![format!(
+                "DOCKER_HOST={docker_host} is not a unix socket: anything that can reach that address can use the daemon, Ray's user included"
+            )],
+        };
     };
-    let Ok(meta) = std::fs::metadata(path) else {
-        return vec![];
+    let mut check = SocketCheck::default();
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) => {
+            let found = usual.iter().find(|p| {
+                use std::os::unix::fs::FileTypeExt;
+                **p != path && std::fs::metadata(p).is_ok_and(|m| m.file_type().is_socket())
+            });
+            let fix = match found {
+                Some(p) => format!(
+                    "a Docker socket is mounted at {p} instead: mount it where the node image expects it, `-v /var/run/docker.sock:{path}` (compose: `- /var/run/docker.sock:{path}` under volumes), in place of the mount at {p}"
+                ),
+                None => format!(
+                    "mount the host's Docker socket there: `-v /var/run/docker.sock:{path}` (compose: `- /var/run/docker.sock:{path}` under volumes)"
+                ),
+            };
+            let why = format!(
+                "the Docker socket {path} (DOCKER_HOST) cannot be used ({e}): engine containers (runtime_env container jobs, Serve replicas in engine images) will fail on this node; {fix}"
+            );
+            check.unavailable = Some(why.clone());
+            check.warnings.push(why);
+            return check;
+        }
     };
-    let mut out = Vec::new();
     if let Err(e) = UnixStream::connect(path) {
-        out.push(format!(
+        let why = format!(
             "the agent cannot open the Docker socket {path} ({e}): engine containers will fail; run the node container as root (the node image's default)"
-        ));
+        );
+        check.unavailable = Some(why.clone());
+        check.warnings.push(why);
     }
     if argus_supervise::privs::can_connect(&meta, ray_uid, &[ray_gid]) {
         use std::os::unix::fs::MetadataExt;
-        out.push(format!(
+        check.warnings.push(format!(
             "Ray's user (uid {ray_uid}, gid {ray_gid}) can open the Docker socket {path} (owner {}, group {}, mode {:o}): any Ray task is root on the host; set ARGUS_RAY_USER to a user without the socket's group (compose: no group_add)",
             meta.uid(),
             meta.gid(),
             meta.mode() & 0o7777
         ));
     }
-    out
+    check
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 42: a node started with the older mount
+    /// (`-v /var/run/docker.sock:/var/run/docker.sock`) says at start that
+    /// engine containers will fail and gives the mount that fixes it; with
+    /// no socket anywhere, the mount to add; with the socket where
+    /// DOCKER_HOST says, nothing.
+    #[test]
+    fn a_missing_socket_is_unavailable_and_names_the_mount_that_fixes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let expected = dir.path().join("argus-docker/docker.sock");
+        let old = dir.path().join("var-run-docker.sock");
+        let host = DockerHost::parse(Some(&format!("unix://{}", expected.display())));
+        let old_s = old.display().to_string();
+        let exp_s = expected.display().to_string();
+
+        let none = check_socket(&host, 1000, 100, &[&old_s]);
+        let why = none
+            .unavailable
+            .as_deref()
+            .expect("a missing socket is unavailable");
+        assert!(
+            why.contains(&exp_s) && why.contains("engine containers"),
+            "{why}"
+        );
+        assert!(
+            why.contains(&format!("-v /var/run/docker.sock:{exp_s}")),
+            "{why}"
+        );
+        assert!(!why.contains("instead"), "no socket anywhere: {why}");
+        assert_eq!(none.warnings, vec![why.to_string()], "one warning");
+
+        let _old = UnixListener::bind(&old).unwrap();
+        let moved = check_socket(&host, 1000, 100, &[&old_s]);
+        let why = moved.unavailable.as_deref().unwrap();
+        assert!(
+            why.contains(&format!("mounted at {old_s} instead")),
+            "{why}"
+        );
+        assert!(
+            why.contains(&format!("`-v /var/run/docker.sock:{exp_s}`")),
+            "{why}"
+        );
+        assert_eq!(moved.warnings.len(), 1);
+
+        // A plain file at the usual place is no socket.
+        let file = dir.path().join("file.sock");
+        std::fs::write(&file, "").unwrap();
+        let f = check_socket(&host, 1000, 100, &[&file.display().to_string()]);
+        assert!(!f.unavailable.unwrap().contains("instead"));
+
+        std::fs::create_dir(expected.parent().unwrap()).unwrap();
+        let _l = UnixListener::bind(&expected).unwrap();
+        let fixed = check_socket(&host, 1000, 100, &[&old_s]);
+        assert_eq!(fixed.unavailable, None, "{:?}", fixed.warnings);
+    }
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::net::UnixListener;
 

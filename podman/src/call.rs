@@ -1,8 +1,12 @@
 //! One podman call's state, built once when the call starts and passed
-//! down by reference: who called (groups, hard limits), the environment in
-//! force (the caller's, with the node's settings on top), the daemon and
-//! the state folder. Nothing below reads the process's environment or a
-//! static for these: a call is one value.
+//! down by reference: who called (groups, hard limits, environment), the
+//! settings in force (the node's), the daemon and the state folder.
+//! Nothing below reads the process's environment or a static for these: a
+//! call is one value.
+//!
+//! The caller's environment is data for the container only (`-e NAME`,
+//! `-e PREFIX*`, `--env-host`, `--http-proxy`, Ray's `$RAY_…` values): no
+//! setting, log filter or library variable is ever read from it (R-SEC-8).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -21,6 +25,9 @@ pub struct Caller {
     /// The caller's hard limits by Docker's ulimit name (-1: unlimited);
     /// they bound its `--ulimit`s.
     pub ulimits: HashMap<String, i64>,
+    /// The caller's environment, in its order: what the container may be
+    /// given from it by name, never a setting of the call.
+    pub env: Vec<(String, String)>,
 }
 
 impl Caller {
@@ -31,16 +38,30 @@ impl Caller {
                 .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
                 .unwrap_or_default(),
             ulimits: own_ulimits(),
+            env: process_env(),
         }
     }
+}
+
+/// This process's environment, in its order (lossy UTF-8).
+fn process_env() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect()
 }
 
 /// One podman call.
 #[derive(Debug, Clone)]
 pub struct Call {
     pub caller: Caller,
-    /// The environment in force for the call, read once, in the
-    /// process's order.
+    /// The settings in force for the call: this process's environment,
+    /// read once, in its order (the node's settings; a standalone shim's
+    /// own environment).
     pub env: Vec<(String, String)>,
     /// The daemon (`DOCKER_HOST` of [`Call::env`]).
     pub docker: DockerHost,
@@ -52,15 +73,7 @@ impl Call {
     /// Builds the call from `caller` and this process's environment, which
     /// holds the node's settings by now (see [`crate::settings::apply`]).
     pub fn new(caller: Caller) -> Call {
-        let env: Vec<(String, String)> = std::env::vars_os()
-            .map(|(k, v)| {
-                (
-                    k.to_string_lossy().into_owned(),
-                    v.to_string_lossy().into_owned(),
-                )
-            })
-            .collect();
-        Call::with_env(caller, env)
+        Call::with_env(caller, process_env())
     }
 
     /// Builds the call from `caller` and `env`.
@@ -157,9 +170,15 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect::<Vec<_>>()
         };
+        // The caller's environment names other settings: none is used.
         let caller = Caller {
             groups: vec![7],
             ulimits: [("nofile".to_string(), 1024)].into(),
+            env: env(&[
+                ("DOCKER_HOST", "unix:///tmp/evil.sock"),
+                ("ARGUS_STATE_DIR", "/tmp/evil"),
+                ("ARGUS_SHIM_POLICY", "x"),
+            ]),
         };
         let c = Call::with_env(
             caller.clone(),
@@ -174,6 +193,7 @@ mod tests {
         );
         assert_eq!(c.state_dir, PathBuf::from("/run/n1"));
         assert_eq!(c.policy().unwrap().caller_ulimits, caller.ulimits);
+        assert_eq!(c.var("ARGUS_SHIM_POLICY"), None);
         let d = Call::with_env(caller.clone(), env(&[("ARGUS_STATE_DIR", "rel")]));
         assert_eq!(d.docker, DockerHost::parse(None));
         assert_eq!(d.state_dir, PathBuf::from(argus_config::DEFAULT_STATE_DIR));

@@ -7,8 +7,9 @@
 //! the client's identity from the kernel (`SO_PEERCRED`, its groups from
 //! `/proc`), and then becomes the client for everything but the Docker
 //! socket: the client's uid and gid, the socket's group as its only
-//! supplementary group, the client's working directory and environment
-//! with this node's shim settings on top. Changing credentials leaves it
+//! supplementary group, the client's working directory; its environment is
+//! this node's shim settings alone, the client's being data for the
+//! container (R-SEC-8). Changing credentials leaves it
 //! non-dumpable, so the Ray user can neither ptrace it nor open its
 //! `/proc/<pid>/fd`. Then it runs the shim exactly as the standalone
 //! `podman` would and sends back the exit code. A client that vanishes
@@ -124,22 +125,55 @@ fn become_client(sock: &UnixStream, settings: &Path) -> Result<(Vec<String>, Cal
         }
     }
     drop(fds);
+    let env = caller_env(req.env);
+    // This process's environment is the node's settings and a fixed PATH,
+    // nothing of the caller's (R-SEC-8): a caller's `ARGUS_SHIM_LOG`,
+    // `RUST_LOG` or `DOCKER_HOST` steers nothing here. Its variables stay
+    // data for the container (`-e NAME`, `--env-host`).
     for (k, _) in std::env::vars_os() {
         std::env::remove_var(k);
     }
-    for (k, v) in &req.env {
-        if !k.is_empty() && !k.contains('=') && !k.contains('\0') && !v.contains('\0') {
-            std::env::set_var(k, v);
+    std::env::set_var("PATH", HANDLER_PATH);
+    super::settings::apply(&node);
+    for name in node.differences(|k| var_of(&env, k)) {
+        if var_of(&env, name).is_some() {
+            // Logged once the subscriber exists; the variable names are enough.
+            eprintln!(
+                "WARN the caller's {name} is ignored: the shim uses this node's settings ({})",
+                settings.display()
+            );
         }
     }
-    for name in super::settings::apply(&node) {
-        // Logged once the subscriber exists; the variable names are enough.
-        eprintln!(
-            "WARN the caller's {name} is ignored: the shim uses this node's settings ({})",
-            settings.display()
-        );
-    }
-    Ok((req.args, Caller { groups, ulimits }))
+    Ok((
+        req.args,
+        Caller {
+            groups,
+            ulimits,
+            env,
+        },
+    ))
+}
+
+/// The handler's `PATH`: the system's folders, never the caller's.
+const HANDLER_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The caller's environment as the request carried it, less entries no
+/// environment can hold (an empty name, `=` in a name, a NUL anywhere).
+fn caller_env(env: Vec<(String, String)>) -> Vec<(String, String)> {
+    env.into_iter()
+        .filter(|(k, v)| {
+            !k.is_empty() && !k.contains('=') && !k.contains('\0') && !v.contains('\0')
+        })
+        .collect()
+}
+
+/// The value of `name` in `env` (the last, as a process's environment
+/// would hold it).
+fn var_of(env: &[(String, String)], name: &str) -> Option<String> {
+    env.iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
 }
 
 /// Reads the client's descriptors and request within [`REQUEST_DEADLINE`]:
@@ -241,4 +275,37 @@ fn relay_signals(sock: &UnixStream, done: Arc<AtomicBool>) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_callers_environment_is_kept_as_data_less_what_no_environment_holds() {
+        let pairs = |l: &[(&str, &str)]| {
+            l.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<Vec<_>>()
+        };
+        let env = caller_env(pairs(&[
+            ("RAY_RAYLET_PID", "12"),
+            ("", "x"),
+            ("A=B", "x"),
+            ("NUL\0", "x"),
+            ("V", "a\0b"),
+            ("ARGUS_SHIM_LOG", "trace"),
+            ("RAY_RAYLET_PID", "13"),
+        ]));
+        assert_eq!(
+            env,
+            pairs(&[
+                ("RAY_RAYLET_PID", "12"),
+                ("ARGUS_SHIM_LOG", "trace"),
+                ("RAY_RAYLET_PID", "13"),
+            ])
+        );
+        assert_eq!(var_of(&env, "RAY_RAYLET_PID").as_deref(), Some("13"));
+        assert_eq!(var_of(&env, "PATH"), None);
+    }
 }

@@ -108,6 +108,7 @@ pub fn split_ref(image: &str) -> (String, String) {
 
 /// Pulls `image`, with podman-like progress lines on stderr.
 pub async fn pull(docker: &Docker, image: &str, quiet: bool) -> Result<(), ShimError> {
+    check_not_squatting(docker, image).await?;
     let (name, tag) = split_ref(image);
     if !quiet {
         eprintln!("Trying to pull {image}...");
@@ -210,10 +211,7 @@ async fn resolve_image(
         .config
         .as_ref()
         .and_then(|c| c.labels.as_ref())
-        .and_then(|l| {
-            l.keys()
-                .find(|k| k.starts_with(argus_podman_core::labels::LABEL_PREFIX))
-        })
+        .and_then(|l| l.keys().find(|k| argus_podman_core::labels::is_reserved(k)))
     {
         return Err(PolicyError::Flag {
             flag: "--label",
@@ -308,7 +306,7 @@ async fn context(
         me,
         uid: nix::unistd::getuid().as_raw(),
         gid: nix::unistd::getgid().as_raw(),
-        env: call.env.clone(),
+        env: call.caller.env.clone(),
         runtimes,
         owner,
         shim_pid: pid,
@@ -403,6 +401,78 @@ fn check_name(o: &RunOpts) -> Result<(), PolicyError> {
     }
 }
 
+/// Refuses a `--name` that this node's compose project would give one of
+/// its own containers (R-SEC-10): compose names them `<project>-<service>-N`
+/// (v1: `_`), and a job's container holding such a name stops the next
+/// `compose up` from starting that service.
+fn check_compose_name(
+    o: &RunOpts,
+    me: Option<&argus_podman_core::selfid::SelfContainer>,
+) -> Result<(), PolicyError> {
+    let (Some(name), Some(project)) = (&o.name, me.and_then(|m| m.compose_project.as_deref()))
+    else {
+        return Ok(());
+    };
+    if compose_would_adopt(name, project) {
+        return Err(PolicyError::Flag {
+            flag: "--name",
+            value: format!("{name} (the names of compose project {project}'s own containers)"),
+            rule: "no-squatting",
+        });
+    }
+    Ok(())
+}
+
+/// Whether `name` (a leading `/` aside) is one compose's naming gives a
+/// container of `project`: `<project>-…` or `<project>_…`. Docker compares
+/// names exactly, so this does too.
+fn compose_would_adopt(name: &str, project: &str) -> bool {
+    let bare = name.strip_prefix('/').unwrap_or(name);
+    bare.strip_prefix(project)
+        .is_some_and(|rest| rest.starts_with('-') || rest.starts_with('_'))
+}
+
+/// Refuses to pull `image` when a container of this host that no shim
+/// created (a node, the lb, the store, another product's) was created from
+/// an image of that name (R-SEC-10): the pulled image would take the tag,
+/// and that container's next `compose up` or roll would run it, as root
+/// with the Docker socket for a node.
+async fn check_not_squatting(docker: &Docker, image: &str) -> Result<(), ShimError> {
+    use argus_podman_core::labels::LABEL_OWNER;
+    use argus_podman_core::policy::canonical;
+    let wanted = canonical(image);
+    let list = docker
+        .list_containers(Some(
+            bollard::query_parameters::ListContainersOptionsBuilder::new()
+                .all(true)
+                .build(),
+        ))
+        .await
+        .map_err(ShimError::docker("list containers"))?;
+    let taken = list.iter().find(|c| {
+        let shims = c
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(LABEL_OWNER));
+        !shims && c.image.as_deref().is_some_and(|i| canonical(i) == wanted)
+    });
+    match taken {
+        Some(c) => Err(PolicyError::Flag {
+            flag: "pull",
+            value: format!(
+                "{image} (the image of container {}, which no job started)",
+                c.names
+                    .as_ref()
+                    .and_then(|n| n.first())
+                    .map_or("?", |n| n.trim_start_matches('/'))
+            ),
+            rule: "no-squatting",
+        }
+        .into()),
+        None => Ok(()),
+    }
+}
+
 /// Returns the `--device` paths of `o` that are character devices here,
 /// in the Ray container (not followed through a symlink).
 fn present_devices(o: &RunOpts) -> HashSet<String> {
@@ -422,6 +492,7 @@ pub async fn run(mut o: RunOpts, call: &Call) -> Result<u8, ShimError> {
     let mut policy = call.policy()?;
     let docker = docker::connect_to(&call.docker).await?;
     let me = docker::whoami(&docker).await?;
+    check_compose_name(&o, me.as_ref())?;
     policy.resolve(me.as_ref(), |p| resolve(p).ok());
     policy.present_devices = present_devices(&o);
     policy.caller = Some((
@@ -922,6 +993,27 @@ async fn copy_back(docker: &Docker, id: &str, c: &BindCopy) -> Result<(), ShimEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compose_names_of_the_nodes_project_are_its_own() {
+        for n in [
+            "argus-head-1",
+            "/argus-head-2",
+            "argus_worker-1_1",
+            "argus-x",
+        ] {
+            assert!(compose_would_adopt(n, "argus"), "{n}");
+        }
+        for n in [
+            "argus",
+            "argusx-1",
+            "job-argus-1",
+            "Argus-head-1",
+            "other-head-1",
+        ] {
+            assert!(!compose_would_adopt(n, "argus"), "{n}");
+        }
+    }
 
     #[test]
     fn start_errors_map_like_the_docker_cli() {

@@ -18,6 +18,7 @@
 
 pub mod backoff;
 pub mod exitwatch;
+pub mod lines;
 pub mod netinfo;
 pub mod privs;
 pub mod reaper;

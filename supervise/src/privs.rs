@@ -89,12 +89,18 @@ pub fn current_ids() -> (u32, u32) {
 
 /// Makes the child of `cmd` run as `user` (when given and not the agent's
 /// own) with no supplementary groups, and with `no_new_privs` in any case.
-/// Sets `HOME`, `USER` and `LOGNAME` from the user's passwd entry.
+/// Sets `HOME`, `USER` and `LOGNAME` from the user's passwd entry, and
+/// starts the child in that home when it is a folder.
 pub fn confine(cmd: &mut Command, user: Option<&RayUser>) {
     let drop_to = user.filter(|u| !u.is_current()).map(|u| (u.uid, u.gid));
     if let Some(u) = user.filter(|u| !u.is_current()) {
         if let Some(home) = &u.home {
             cmd.env("HOME", home);
+            // Ray's processes start in the Ray user's home, as on Ray's own
+            // images, though PID 1 (and every `docker exec`) starts in `/`.
+            if home.is_dir() {
+                cmd.current_dir(home);
+            }
         }
         if let Some(name) = &u.name {
             cmd.env("USER", name).env("LOGNAME", name);
@@ -118,6 +124,19 @@ pub fn confine(cmd: &mut Command, user: Option<&RayUser>) {
             Ok(())
         });
     }
+}
+
+/// Raises this process's soft limit on open descriptors to its hard limit
+/// (R-SEC-5: PID 1 holds a connection per podman call and per scrape; a
+/// default soft limit of 1,024 would be the first thing a flood reaches).
+/// Returns the soft limit before and after. Children inherit the raised
+/// limit (Ray raises its own to the hard limit anyway).
+pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
+    let (soft, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok((soft, hard))
 }
 
 /// Makes this process non-dumpable: processes of other users, and of its
@@ -313,5 +332,19 @@ mod trusted_tests {
         assert!(!only_trusted_can_change(&via, me));
         // Missing: not trusted.
         assert!(!only_trusted_can_change(&bin.join("missing"), me));
+    }
+}
+
+#[cfg(test)]
+mod nofile_tests {
+    #[test]
+    fn the_soft_descriptor_limit_is_raised_to_the_hard_one() {
+        use nix::sys::resource::{getrlimit, setrlimit, Resource};
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        setrlimit(Resource::RLIMIT_NOFILE, hard.min(256), hard).unwrap();
+        let (before, after) = super::raise_nofile_limit().unwrap();
+        assert_eq!(before, hard.min(256));
+        assert_eq!(after, hard);
+        assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap(), (hard, hard));
     }
 }

@@ -21,6 +21,8 @@ pub struct ProcInfo {
     pub ppid: u32,
     pub name: String,
     pub zombie: bool,
+    /// Its real user id, when the scan read it ([`ProcTree::refresh_with_users`]).
+    pub uid: Option<u32>,
 }
 
 /// A snapshot of the processes on this machine (or PID namespace).
@@ -59,6 +61,15 @@ impl ProcTree {
         );
     }
 
+    /// Re-reads the process list with each process's user.
+    pub fn refresh_with_users(&mut self) {
+        self.sys.refresh_processes_specifics(
+            ProcessesToUpdate::All,
+            true,
+            ProcessRefreshKind::nothing().with_user(sysinfo::UpdateKind::Always),
+        );
+    }
+
     fn all(&self) -> Vec<ProcInfo> {
         self.sys
             .processes()
@@ -69,6 +80,7 @@ impl ProcTree {
                 ppid: p.parent().map(Pid::as_u32).unwrap_or(0),
                 name: p.name().to_string_lossy().into_owned(),
                 zombie: matches!(p.status(), ProcessStatus::Zombie | ProcessStatus::Dead),
+                uid: p.user_id().map(|u| **u),
             })
             .collect()
     }
@@ -166,16 +178,39 @@ impl RayWatch {
 /// none is left alive or `deadline` passes; returns how many were killed.
 /// Zombies are left to the reaper.
 pub fn sweep_descendants(tree: &mut ProcTree, deadline: Duration) -> usize {
+    sweep(tree, deadline, None)
+}
+
+/// [`sweep_descendants`], and also every process of the user `uid` that is
+/// not this process's descendant (R-SEC-9: a job's double-forked daemon, a
+/// process an engine container sharing this PID namespace left, a `docker
+/// exec` of the Ray user), but only when this process is PID 1 of its own
+/// PID namespace, where every process is the node's; never for uid 0 or
+/// this process's own uid.
+pub fn sweep_descendants_and_user(tree: &mut ProcTree, deadline: Duration, uid: u32) -> usize {
+    let uid = user_to_sweep(uid, nix::unistd::getuid().as_raw(), std::process::id());
+    sweep(tree, deadline, uid)
+}
+
+/// The user a sweep by `uid` may take, for a process of `pid` running as
+/// `mine`: only PID 1 of its own namespace sweeps by user (in a node's PID
+/// namespace every process is the node's; a node started with `--pid host`
+/// is not PID 1, and its host's processes are left alone).
+fn user_to_sweep(uid: u32, mine: u32, pid: u32) -> Option<u32> {
+    (pid == 1 && uid != 0 && uid != mine).then_some(uid)
+}
+
+fn sweep(tree: &mut ProcTree, deadline: Duration, uid: Option<u32>) -> usize {
     let me = std::process::id();
     let until = Instant::now() + deadline;
     let mut killed = std::collections::HashSet::new();
     loop {
-        tree.refresh();
-        let alive: Vec<_> = tree
-            .descendants(me)
-            .into_iter()
-            .filter(|p| !p.zombie)
-            .collect();
+        match uid {
+            Some(_) => tree.refresh_with_users(),
+            None => tree.refresh(),
+        }
+        let all = tree.all();
+        let alive = targets(&all, me, uid);
         if alive.is_empty() || Instant::now() >= until {
             if !alive.is_empty() {
                 info!(
@@ -187,12 +222,31 @@ pub fn sweep_descendants(tree: &mut ProcTree, deadline: Duration) -> usize {
         }
         for p in alive {
             if killed.insert(p.pid) {
-                info!(pid = p.pid, name = %p.name, "killing leftover process");
+                info!(pid = p.pid, name = %p.name, uid = ?p.uid, "killing leftover process");
             }
             let _ = signal::kill(NixPid::from_raw(p.pid as i32), Signal::SIGKILL);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The live processes a sweep kills: `me`'s descendants, and with `uid`
+/// every other process of that user but `me` and PID 1.
+fn targets(all: &[ProcInfo], me: u32, uid: Option<u32>) -> Vec<ProcInfo> {
+    let mut out: Vec<ProcInfo> = descendants_of(all, me);
+    if let Some(uid) = uid {
+        for p in all {
+            if p.uid == Some(uid)
+                && p.pid != me
+                && p.pid != 1
+                && !out.iter().any(|d| d.pid == p.pid)
+            {
+                out.push(p.clone());
+            }
+        }
+    }
+    out.retain(|p| !p.zombie);
+    out
 }
 
 #[cfg(test)]
@@ -205,7 +259,41 @@ mod tests {
             ppid,
             name: name.into(),
             zombie,
+            uid: Some(0),
         }
+    }
+
+    #[test]
+    fn a_sweep_with_a_user_takes_that_users_other_processes_but_never_pid_1_or_itself() {
+        let with_uid = |pid, ppid, uid| ProcInfo {
+            uid: Some(uid),
+            ..p(pid, ppid, "x", false)
+        };
+        let procs = vec![
+            with_uid(1, 0, 1000),
+            with_uid(5, 1, 0),
+            with_uid(10, 5, 1000),
+            with_uid(11, 10, 0),
+            with_uid(20, 0, 1000),
+            with_uid(21, 20, 1000),
+            with_uid(30, 0, 999),
+            ProcInfo {
+                zombie: true,
+                ..with_uid(40, 0, 1000)
+            },
+        ];
+        let pids = |v: Vec<ProcInfo>| {
+            let mut v: Vec<u32> = v.iter().map(|p| p.pid).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(pids(targets(&procs, 5, None)), vec![10, 11]);
+        assert_eq!(pids(targets(&procs, 5, Some(1000))), vec![10, 11, 20, 21]);
+        // By user only as PID 1, and never root or itself.
+        assert_eq!(user_to_sweep(1000, 0, 1), Some(1000));
+        assert_eq!(user_to_sweep(1000, 0, 4242), None);
+        assert_eq!(user_to_sweep(0, 0, 1), None);
+        assert_eq!(user_to_sweep(990, 990, 1), None);
     }
 
     #[test]

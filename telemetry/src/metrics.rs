@@ -230,6 +230,7 @@ pub struct Metrics {
     drain_step: Family<StepLabel, FloatGauge>,
     lb_agent_answers: Family<AnswerLabel, Counter>,
     serve_proxy_up: Gauge,
+    docker_socket_usable: Gauge,
     clocks: Mutex<Clocks>,
 }
 
@@ -273,6 +274,7 @@ impl Metrics {
             drain_step: Family::default(),
             lb_agent_answers: Family::default(),
             serve_proxy_up: Gauge::default(),
+            docker_socket_usable: Gauge::default(),
             clocks: Mutex::new(Clocks {
                 state: NodeState::Starting,
                 state_since: Instant::now(),
@@ -468,6 +470,11 @@ impl Metrics {
     /// durations, refusals, and the engine containers created and cleaned up.
     fn register_shim_families(&mut self) {
         let r = &mut self.registry;
+        r.register(
+            "docker_socket_usable",
+            "1 when the agent could open the Docker socket DOCKER_HOST names at start (engine containers can run here), 0 when it could not",
+            self.docker_socket_usable.clone(),
+        );
         r.register(
             "shim_calls",
             "podman calls brokered by this agent, by podman command",
@@ -818,6 +825,11 @@ pub fn serve_proxy(up: bool) {
     get().serve_proxy_up.set(i64::from(up));
 }
 
+/// Records whether the agent could open the Docker socket at start.
+pub fn docker_socket_usable(usable: bool) {
+    get().docker_socket_usable.set(i64::from(usable));
+}
+
 /// Records the pre-start hook's result (one of [`HOOK_RESULTS`]).
 pub fn hook(result: &'static str) {
     debug_assert!(HOOK_RESULTS.contains(&result), "{result}");
@@ -900,6 +912,24 @@ pub fn write_snapshot(state_dir: &Path) -> Result<(), argus_discovery::PublishEr
     argus_discovery::publish_volatile(&snapshot_path(state_dir), get().render().as_bytes())
 }
 
+/// Connections the metrics listener holds at once; more are closed as
+/// they arrive (R-SEC-5: a flood of idle connections costs PID 1 a bounded
+/// number of descriptors, and no busy loop).
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// Connections one peer address may hold at once, so that one flooding
+/// host leaves room for the scraper.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 32;
+
+/// How long a connection may take to send its request's headers.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long one connection may stay open, whatever it does.
+pub const CONNECTION_LIFETIME: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The pause after a failed accept (out of descriptors, most likely).
+pub const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Serves `GET /metrics` on `addr` from a thread of its own (a
 /// single-threaded tokio runtime with hyper: it sleeps in epoll between
 /// scrapes). Returns once the port is bound, or why it could not be.
@@ -944,23 +974,84 @@ mod http {
                 return;
             }
         };
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Open::default()));
         loop {
-            let (stream, _) = match listener.accept().await {
+            let (stream, peer) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
+                    // EMFILE and its kind: the condition lasts, so no
+                    // retry at once (a busy loop), and no log line each.
                     tracing::debug!(error = %e, "metrics: accept failed");
+                    tokio::time::sleep(super::ACCEPT_BACKOFF).await;
                     continue;
                 }
             };
+            let Some(slot) = Open::take(&open, peer.ip()) else {
+                // Over the cap: closed at once, before any byte is read.
+                continue;
+            };
             tokio::spawn(async move {
+                let _slot = slot;
                 let conn = http1::Builder::new()
                     .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(std::time::Duration::from_secs(10))
+                    .header_read_timeout(super::HEADER_READ_TIMEOUT)
+                    .keep_alive(false)
                     .serve_connection(TokioIo::new(stream), service_fn(answer));
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "metrics: connection ended");
+                let whole = tokio::time::timeout(super::CONNECTION_LIFETIME, conn);
+                match whole.await {
+                    Ok(Err(e)) => tracing::debug!(error = %e, "metrics: connection ended"),
+                    Err(_) => tracing::debug!("metrics: connection over its lifetime, closed"),
+                    Ok(Ok(())) => {}
                 }
             });
+        }
+    }
+
+    /// The connections open now, in all and by peer address.
+    #[derive(Default)]
+    pub(super) struct Open {
+        all: usize,
+        by_peer: std::collections::HashMap<std::net::IpAddr, usize>,
+    }
+
+    /// One open connection; frees its place when dropped.
+    pub(super) struct Slot {
+        open: std::sync::Arc<std::sync::Mutex<Open>>,
+        peer: std::net::IpAddr,
+    }
+
+    impl Open {
+        /// A place for a connection from `peer`, unless the listener is
+        /// at [`super::MAX_CONNECTIONS`] or the peer at
+        /// [`super::MAX_CONNECTIONS_PER_PEER`].
+        pub(super) fn take(
+            open: &std::sync::Arc<std::sync::Mutex<Open>>,
+            peer: std::net::IpAddr,
+        ) -> Option<Slot> {
+            let mut o = open.lock().unwrap_or_else(|p| p.into_inner());
+            let mine = o.by_peer.get(&peer).copied().unwrap_or(0);
+            if o.all >= super::MAX_CONNECTIONS || mine >= super::MAX_CONNECTIONS_PER_PEER {
+                return None;
+            }
+            o.all += 1;
+            o.by_peer.insert(peer, mine + 1);
+            Some(Slot {
+                open: open.clone(),
+                peer,
+            })
+        }
+    }
+
+    impl Drop for Slot {
+        fn drop(&mut self) {
+            let mut o = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            o.all -= 1;
+            if let Some(n) = o.by_peer.get_mut(&self.peer) {
+                *n -= 1;
+                if *n == 0 {
+                    o.by_peer.remove(&self.peer);
+                }
+            }
         }
     }
 

@@ -91,6 +91,12 @@ pub struct Status {
     /// `not_serving`; absent on a head or before the first check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve_proxy: Option<String>,
+    /// Whether engine containers can start on this node: `available`, or
+    /// `unavailable: <why and the fix>` (the Docker socket DOCKER_HOST names
+    /// is missing or the agent cannot open it, found at start); absent when
+    /// the agent did not check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_containers: Option<String>,
     pub updated_at: String,
 }
 

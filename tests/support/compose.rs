@@ -133,22 +133,59 @@ pub fn compose_tool() -> Vec<String> {
     );
 }
 
+/// True when scripts/test built every image of the Docker tests up front
+/// (scripts/build-test-images.sh, `ARGUS_E2E_IMAGES=prebuilt`): the tests
+/// then check that each is there instead of building it, so that no test
+/// builds an image another test's cluster is starting from.
+pub fn images_prebuilt() -> bool {
+    std::env::var("ARGUS_E2E_IMAGES").is_ok_and(|v| v == "prebuilt")
+}
+
+/// Panics unless `tag` is an image of the daemon; scripts/test built it.
+pub fn require_image(tag: &str) {
+    let o = output(Command::new("docker").args(["image", "inspect", "--format", "{{.Id}}", tag]));
+    assert!(
+        o.status.success(),
+        "ARGUS_E2E_IMAGES=prebuilt but the image {tag} is missing: scripts/build-test-images.sh did not build it \
+         (unset ARGUS_E2E_IMAGES to let the test build it): {}",
+        String::from_utf8_lossy(&o.stderr).trim()
+    );
+}
+
+/// Copies this test's agent binary to target/e2e/argus-agent, the only
+/// path the node image's build context lets through (.dockerignore), under a
+/// temporary name first: another test process may be building from it.
+pub fn stage_agent_binary() {
+    let staged = workspace_root().join("target/e2e/argus-agent");
+    std::fs::create_dir_all(staged.parent().unwrap()).unwrap();
+    let tmp = staged.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::copy(env!("CARGO_BIN_EXE_argus-agent"), &tmp)
+        .unwrap_or_else(|e| panic!("cannot stage the agent binary at {tmp:?}: {e}"));
+    std::fs::rename(&tmp, &staged)
+        .unwrap_or_else(|e| panic!("cannot stage the agent binary at {staged:?}: {e}"));
+}
+
 /// Builds the base image (cached), the node image from this test's agent
-/// binary, and, when asked, two stand-in engine images. Once per process.
+/// binary, and, when asked, two stand-in engine images. Once per process;
+/// under scripts/test only checks that they are there ([`images_prebuilt`]).
 pub fn build_images(engines: bool) {
     use std::sync::Mutex;
     static BUILT: Mutex<(bool, bool)> = Mutex::new((false, false));
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     let root = workspace_root();
+    if images_prebuilt() {
+        require_image(&node_image());
+        if engines {
+            for v in ["stub-a", "stub-b"] {
+                require_image(&engine_image(v));
+            }
+        }
+        return;
+    }
     if !built.0 {
         log("building the Ray base image (cached after the first run)");
         run(Command::new(root.join("scripts/build-base-image.sh")).current_dir(&root));
-        // The build context only lets target/e2e/argus-agent through
-        // (.dockerignore); cargo put the binary wherever CARGO_TARGET_DIR is.
-        let staged = root.join("target/e2e/argus-agent");
-        std::fs::create_dir_all(staged.parent().unwrap()).unwrap();
-        std::fs::copy(env!("CARGO_BIN_EXE_argus-agent"), &staged)
-            .unwrap_or_else(|e| panic!("cannot stage the agent binary at {staged:?}: {e}"));
+        stage_agent_binary();
         log("building the node image");
         run(Command::new(root.join("scripts/build-images.sh"))
             .current_dir(&root)
@@ -189,6 +226,9 @@ fn build_service_image(kind: &str, tag: String) {
     use std::sync::Mutex;
     static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if images_prebuilt() {
+        return require_image(&tag);
+    }
     if built.iter().any(|k| k == kind) {
         return;
     }
@@ -246,11 +286,21 @@ pub fn engine_image(version: &str) -> String {
     format!("localhost/neutree/engine-vllm:{version}-ray{RAY_VERSION}")
 }
 
+/// A TCP port free on 127.0.0.1 a moment ago and not handed out before by
+/// this process (the kernel may hand a just-closed port straight back).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free local port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free local port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// One compose project: head + two workers, torn down on drop.
@@ -263,6 +313,9 @@ pub struct Cluster {
     pub tmpdir: PathBuf,
     pub model_cache: PathBuf,
     pub env: Vec<(String, String)>,
+    /// The cluster's Ray token, once read from the head (see
+    /// [`Cluster::auth_token`]).
+    pub token: std::sync::Mutex<Option<String>>,
 }
 
 impl Cluster {
@@ -372,6 +425,7 @@ impl Cluster {
             tmpdir,
             model_cache,
             env,
+            token: std::sync::Mutex::new(None),
         };
         log(&format!("compose up -d (project {})", c.project));
         // The Ray nodes and what they depend on (the GCS FT Redis), not
@@ -425,35 +479,147 @@ impl Cluster {
         run(&mut self.compose_cmd(args))
     }
 
-    /// Returns the id of the service's (one) container.
+    /// Returns the id of the service's (one) container, running or not.
+    /// Read from the compose labels with `docker ps` (a few milliseconds)
+    /// rather than `compose ps` (the Python docker-compose costs the
+    /// loaded machine most of a CPU-second a call, and the waits call this
+    /// every 2 s per service); never cached, as tests replace containers.
     pub fn container(&self, service: &str) -> String {
-        let id = self.compose_run(&["ps", "-q", service]).trim().to_string();
-        assert!(!id.is_empty(), "no container for service {service}");
+        let out = run(Command::new("docker").args([
+            "ps",
+            "-a",
+            "-q",
+            "--no-trunc",
+            "--filter",
+            &format!("label=com.docker.compose.project={}", self.project),
+            "--filter",
+            &format!("label=com.docker.compose.service={service}"),
+            "--filter",
+            "label=com.docker.compose.oneoff=False",
+        ]));
+        // Newest first: while compose replaces a container, the new one.
+        let id = out
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            !id.is_empty(),
+            "no container for service {service} of project {}",
+            self.project
+        );
         id
     }
 
+    /// The container's address on the compose network (`<project>_default`;
+    /// the GCS FT head is also on the Redis network of its own).
     pub fn ip(&self, service: &str) -> String {
-        inspect(
+        default_network_ip(&inspect(
             &self.container(service),
-            "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
-        )
+            "{{range $k, $v := .NetworkSettings.Networks}}{{$k}}={{$v.IPAddress}} {{end}}",
+        ))
     }
 
-    /// Returns Ray's view of the cluster, or an error text.
+    /// Returns Ray's view of the cluster, or an error text: `{"alive": N,
+    /// "nodes": [{"ip", "alive", "id", "resources"}]}`, from the GCS through
+    /// the dashboard's state API (about 0.07 CPU-seconds a call); while the
+    /// dashboard does not answer (a head restarting), from a Ray driver in
+    /// the head (docker/tools/ray_nodes.py, about a CPU-second a call).
     pub fn ray_nodes(&self) -> Result<Value, String> {
-        let script = workspace_root().join("docker/tools/ray_nodes.py");
+        match self.dashboard_get("/api/v0/nodes?limit=10000&detail=false") {
+            Ok(v) => {
+                let list = v["data"]["result"]["result"]
+                    .as_array()
+                    .ok_or_else(|| format!("the state API's answer has no node list: {v}"))?;
+                let nodes: Vec<Value> = list
+                    .iter()
+                    .map(|n| {
+                        serde_json::json!({
+                            "ip": n["node_ip"],
+                            "alive": n["state"] == "ALIVE",
+                            "id": n["node_id"],
+                            "resources": n["resources_total"],
+                        })
+                    })
+                    .collect();
+                let alive = nodes.iter().filter(|n| n["alive"] == true).count();
+                Ok(serde_json::json!({ "address": "state API", "alive": alive, "nodes": nodes }))
+            }
+            Err(api) => self
+                .ray_nodes_from_a_driver()
+                .map_err(|e| format!("{e} (the dashboard's state API: {api})")),
+        }
+    }
+
+    /// [`Cluster::ray_nodes`] from a Ray driver in the head container: the
+    /// documented node listing, `argus-agent ray-tool nodes`.
+    pub fn ray_nodes_from_a_driver(&self) -> Result<Value, String> {
         let head = self.container("head");
         let out = Command::new("docker")
             .args([
-                "exec", "-u", "ray", "-i", &head, "timeout", "60", "python", "-",
+                "exec",
+                &head,
+                "timeout",
+                "60",
+                "argus-agent",
+                "ray-tool",
+                "nodes",
             ])
-            .stdin(std::fs::File::open(script).unwrap())
+            .stdin(Stdio::null())
             .output()
             .map_err(|e| e.to_string())?;
         if !out.status.success() {
             return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
         }
         serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
+    }
+
+    /// The host port the head's dashboard is published on.
+    pub fn dashboard_port(&self) -> String {
+        self.env
+            .iter()
+            .find(|(k, _)| k == "ARGUS_DASHBOARD_HOST_PORT")
+            .map(|(_, v)| v.clone())
+            .expect("ARGUS_DASHBOARD_HOST_PORT in the cluster's environment")
+    }
+
+    /// GET `path` of the head's dashboard on its published port: the JSON
+    /// body of a 200 answer, or why not.
+    pub fn dashboard_get(&self, path: &str) -> Result<Value, String> {
+        let token = self.auth_token()?;
+        let got = http_get_json_with(
+            &format!("127.0.0.1:{}", self.dashboard_port()),
+            path,
+            &[("Authorization", &format!("Bearer {token}"))],
+        );
+        if got
+            .as_ref()
+            .is_err_and(|e| e.contains(" 401 ") || e.contains(" 403 "))
+        {
+            *self.token.lock().unwrap() = None;
+        }
+        got
+    }
+
+    /// The cluster's Ray token: the head's copy (`/run/argus/auth_token`,
+    /// the image's RAY_AUTH_TOKEN_PATH), read once as root, as an operator
+    /// reads it to call the dashboard from outside.
+    pub fn auth_token(&self) -> Result<String, String> {
+        if let Some(t) = self.token.lock().unwrap().clone() {
+            return Ok(t);
+        }
+        let head = self.container("head");
+        let o =
+            output(Command::new("docker").args(["exec", &head, "cat", "/run/argus/auth_token"]));
+        if !o.status.success() {
+            return Err(format!(
+                "no token from the head yet: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        let t = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        *self.token.lock().unwrap() = Some(t.clone());
+        Ok(t)
     }
 
     /// Waits until `ok` holds for the alive nodes, returning them.
@@ -614,31 +780,111 @@ pub fn podman_as_ray(container: &str, args: &[&str]) -> Output {
     output(Command::new("docker").args(&a))
 }
 
-/// `serve status` as JSON (it prints YAML).
-pub const SERVE_STATUS_SCRIPT: &str = r#"
-import json, subprocess, sys, yaml
-p = subprocess.run(["serve", "status", "-a", "http://127.0.0.1:8265"], capture_output=True, text=True, timeout=60)
-if p.returncode != 0:
-    sys.exit(p.stderr.strip()[-2000:] or f"serve status exited {p.returncode}")
-print(json.dumps(yaml.safe_load(p.stdout) or {}))
-"#;
+/// The address on the network named `*_default` in `name=ip ...` (the
+/// only one's when there is one).
+pub fn default_network_ip(pairs: &str) -> String {
+    let all: Vec<(&str, &str)> = pairs
+        .split_whitespace()
+        .filter_map(|p| p.split_once('='))
+        .collect();
+    all.iter()
+        .find(|(k, _)| k.ends_with("_default"))
+        .or(all.first())
+        .map(|(_, v)| v.to_string())
+        .unwrap_or_default()
+}
+
+/// GET `path` from `addr` (HTTP/1.0, the connection closed by the
+/// server): the JSON body of a 200 answer, or why not.
+pub fn http_get_json(addr: &str, path: &str) -> Result<Value, String> {
+    http_get_json_with(addr, path, &[])
+}
+
+/// [`http_get_json`] with these request headers.
+pub fn http_get_json_with(
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<Value, String> {
+    use std::io::{Read, Write};
+    let sa: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let mut s = std::net::TcpStream::connect_timeout(&sa, Duration::from_secs(5))
+        .map_err(|e| format!("{addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{extra}\r\n").map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)
+        .map_err(|e| format!("{addr}{path}: {e}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("{addr}{path}: no HTTP body: {text}"))?;
+    let status = head.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) != Some("200") {
+        return Err(format!(
+            "{addr}{path}: {status}: {}",
+            body.chars().take(500).collect::<String>()
+        ));
+    }
+    serde_json::from_str(body).map_err(|e| format!("{addr}{path}: {e}: {body}"))
+}
+
+/// `serve status`'s view (applications, their deployments' status and
+/// replica counts by state, the proxies) made from Serve's details as the
+/// dashboard's REST API gives them: what `serve status` reads and reshapes,
+/// without its 4-5 CPU-seconds of Python a call in the head.
+pub fn serve_status_of(details: &Value) -> Value {
+    use serde_json::{json, Map};
+    let mut apps = Map::new();
+    for (name, a) in details["applications"].as_object().into_iter().flatten() {
+        let mut deployments = Map::new();
+        for (dn, d) in a["deployments"].as_object().into_iter().flatten() {
+            let mut states: Map<String, Value> = Map::new();
+            for r in d["replicas"].as_array().into_iter().flatten() {
+                let state = r["state"].as_str().unwrap_or("UNKNOWN").to_string();
+                let n = states.get(&state).and_then(Value::as_u64).unwrap_or(0);
+                states.insert(state, json!(n + 1));
+            }
+            deployments.insert(
+                dn.clone(),
+                json!({
+                    "status": d["status"],
+                    "status_trigger": d["status_trigger"],
+                    "replica_states": states,
+                    "message": d["message"],
+                }),
+            );
+        }
+        apps.insert(
+            name.clone(),
+            json!({
+                "status": a["status"],
+                "message": a["message"],
+                "last_deployed_time_s": a["last_deployed_time_s"],
+                "deployments": deployments,
+            }),
+        );
+    }
+    let proxies: Map<String, Value> = details["proxies"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(node, p)| (node.clone(), p["status"].clone()))
+        .collect();
+    json!({ "proxies": proxies, "applications": apps, "target_capacity": details["target_capacity"] })
+}
 
 impl Cluster {
-    /// `serve status` as JSON, or why not.
+    /// `serve status` as JSON ([`serve_status_of`] the dashboard's
+    /// `/api/serve/applications/`), or why not.
     pub fn serve_status(&self) -> Result<Value, String> {
-        let out = output(Command::new("docker").args([
-            "exec",
-            "-u",
-            "ray",
-            &self.container("head"),
-            "python",
-            "-c",
-            SERVE_STATUS_SCRIPT,
-        ]));
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-        }
-        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
+        self.dashboard_get("/api/serve/applications/")
+            .map(|d| serve_status_of(&d))
     }
 
     /// Waits until `serve status` shows each of `apps` RUNNING with all

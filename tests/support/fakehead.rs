@@ -40,6 +40,7 @@ pub struct FakeHead {
 
 impl FakeHead {
     pub fn start(sb: &Sandbox, rec: HeadRecord) -> Self {
+        sb.write_cluster_token();
         let current = Arc::new(Mutex::new(Some(rec)));
         let stop = Arc::new(AtomicBool::new(false));
         let (c, s, path) = (current.clone(), stop.clone(), sb.head_file());

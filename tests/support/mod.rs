@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -23,6 +24,9 @@ pub fn repo() -> PathBuf {
         .to_path_buf()
 }
 
+/// The cluster's Ray token in every sandbox (see [`Sandbox::token_file`]).
+pub const SANDBOX_TOKEN: &str = "sandbox-token-0123456789abcdef0123456789abcdef";
+
 /// A temporary world for one or more agents.
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
@@ -41,6 +45,24 @@ impl Sandbox {
             std::fs::copy("/bin/sleep", s.bindir().join(name)).unwrap();
         }
         s
+    }
+
+    /// Writes the cluster's Ray token ([`SANDBOX_TOKEN`], mode 0600) as a
+    /// head would have made it: for workers joining a head that a test
+    /// writes by hand ([`fakehead::FakeHead`] does it).
+    pub fn write_cluster_token(&self) {
+        let token = self.token_file();
+        if token.exists() {
+            return;
+        }
+        std::fs::create_dir_all(token.parent().unwrap()).unwrap();
+        std::fs::write(&token, format!("{SANDBOX_TOKEN}\n")).unwrap();
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    /// The cluster's Ray token file, beside the head record.
+    pub fn token_file(&self) -> PathBuf {
+        self.head_file().with_file_name("auth_token")
     }
 
     pub fn path(&self) -> &Path {
@@ -88,6 +110,15 @@ impl Sandbox {
         e.insert("ARGUS_RESTART_BACKOFF_MAX_S".into(), "1".into());
         e.insert("ARGUS_RAY_PORT".into(), free_port().to_string());
         e.insert("ARGUS_DASHBOARD_PORT".into(), free_port().to_string());
+        // Ray's fixed defaults (52365, 10001) are checked free at start;
+        // a real Ray of a test running beside this one (host networking)
+        // may hold them, so no agent here depends on them.
+        for v in [
+            "ARGUS_RAY_DASHBOARD_AGENT_LISTEN_PORT",
+            "ARGUS_RAY_CLIENT_SERVER_PORT",
+        ] {
+            e.insert(v.into(), free_port().to_string());
+        }
         e
     }
 
@@ -98,6 +129,13 @@ impl Sandbox {
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
+    }
+
+    /// Whether the fake ray of agent `name` has installed its signal
+    /// handlers (its `ready` event): a signal sent before that takes the
+    /// default action and kills it, so a test that signals waits for this.
+    pub fn ray_ready(&self, name: &str) -> bool {
+        self.ray_events(name).iter().any(|e| e["event"] == "ready")
     }
 
     pub fn ray_starts(&self, name: &str) -> Vec<Value> {
@@ -344,11 +382,22 @@ pub fn run_bin(args: &[&str], env: &BTreeMap<String, String>) -> std::process::O
         .unwrap()
 }
 
-/// Returns a TCP port that was free on 127.0.0.1 a moment ago.
+/// Returns a TCP port that was free on 127.0.0.1 a moment ago and that
+/// this process has not handed out before: the kernel may give the port
+/// of a listener just closed straight back, and one test's agent then got
+/// its client-server port equal to its dashboard port (seen in CI).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }

@@ -7,6 +7,7 @@ pub mod flags;
 pub mod head;
 pub mod podman;
 pub mod preflight;
+pub mod raytool;
 pub mod run;
 pub mod status;
 

@@ -123,6 +123,16 @@ pub fn run(flags: &Flags) -> Outcome {
     for w in warnings {
         warn!("{w}");
     }
+    match argus_supervise::privs::raise_nofile_limit() {
+        Ok((before, after)) if before < after => {
+            info!(
+                before,
+                after, "open descriptors: soft limit raised to the hard one"
+            )
+        }
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, "cannot raise the soft limit of open descriptors"),
+    }
     // Nothing this agent starts may ptrace it or open its /proc/1/{root,fd,mem}.
     if let Err(e) = argus_supervise::privs::make_non_dumpable() {
         warn!(error = %e, "cannot make the agent non-dumpable");
@@ -194,9 +204,17 @@ pub fn run(flags: &Flags) -> Outcome {
     let me = argus_supervise::privs::current_ids();
     let ray = cfg.ray_user.as_ref().map_or(me, |u| (u.uid, u.gid));
     let docker_host = DockerHost::parse(std::env::var("DOCKER_HOST").ok().as_deref());
-    for w in argus_podman::broker::socket_warnings(&docker_host, ray.0, ray.1) {
+    let socket = argus_podman::broker::check_socket(
+        &docker_host,
+        ray.0,
+        ray.1,
+        &argus_podman::broker::USUAL_SOCKETS,
+    );
+    for w in &socket.warnings {
         warn!("{w}");
     }
+    argus_telemetry::metrics::docker_socket_usable(socket.unavailable.is_none());
+    node.set_engine_containers(socket.unavailable);
     // The socket in a folder other users can enter is a road to the Docker
     // API for any process that gets its group (SPEC R-SEC-4): refused in
     // the node container (the agent is PID 1 there and runs Ray as another

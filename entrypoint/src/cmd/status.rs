@@ -62,6 +62,9 @@ pub fn run(json: bool) -> Outcome {
     if let Some(s) = st.next_restart_in_s {
         println!("next restart:  in {s:.1}s");
     }
+    if let Some(e) = &st.engine_containers {
+        println!("engine containers: {e}");
+    }
     println!("updated at:    {}", st.updated_at);
     Ok(0)
 }
