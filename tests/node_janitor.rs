@@ -55,8 +55,8 @@ fn stop_removes_engines(ray_ignores_term: bool) {
         env.insert("ARGUS_STOP_GRACE_S".into(), "8".into());
     }
     let mut a = Agent::start(&sb, "n", &env);
-    a.wait_for("running", Duration::from_secs(10), |a| {
-        a.state() == "running"
+    a.wait_for("running and ray ready", Duration::from_secs(30), |a| {
+        a.state() == "running" && sb.ray_ready("n")
     });
 
     // An engine container started through the shim, detached (no shim

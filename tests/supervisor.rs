@@ -142,9 +142,7 @@ fn signals_are_forwarded_to_ray() {
     let sb = Sandbox::new();
     let mut a = Agent::start(&sb, "s", &sb.env("s", "head"));
     // Signals sent before the fake ray installs its handlers would kill it.
-    a.wait_for("ray ready", Duration::from_secs(60), |_| {
-        sb.ray_events("s").iter().any(|e| e["event"] == "ready")
-    });
+    a.wait_for("ray ready", Duration::from_secs(60), |_| sb.ray_ready("s"));
     let kids = child_pids(&sb, "s");
     for sig in [libc::SIGUSR1, libc::SIGHUP, libc::SIGUSR2] {
         a.signal(sig);
@@ -191,8 +189,8 @@ fn child_pids(sb: &Sandbox, name: &str) -> Vec<i64> {
 fn sigterm_stops_ray_gracefully_and_exits_0() {
     let sb = Sandbox::new();
     let mut a = Agent::start(&sb, "g", &sb.env("g", "head"));
-    a.wait_for("running", Duration::from_secs(30), |a| {
-        a.state() == "running"
+    a.wait_for("running and ray ready", Duration::from_secs(30), |a| {
+        a.state() == "running" && sb.ray_ready("g")
     });
     let ray_pid = sb.ray_starts("g")[0]["pid"].as_i64().unwrap();
     a.signal(libc::SIGTERM);
@@ -222,8 +220,10 @@ fn sigterm_escalates_to_sigkill_when_ray_ignores_term() {
     env.insert("FAKE_RAY_IGNORE_TERM".into(), "1".into());
     env.insert("ARGUS_STOP_GRACE_S".into(), "2".into());
     let mut a = Agent::start(&sb, "k", &env);
-    a.wait_for("running", Duration::from_secs(30), |a| {
-        a.state() == "running"
+    // Ray ignores SIGTERM only once its handlers are in: a SIGTERM before
+    // that kills it at once (CI hit this: "exit took 40ms").
+    a.wait_for("running and ray ready", Duration::from_secs(30), |a| {
+        a.state() == "running" && sb.ray_ready("k")
     });
     let ray_pid = sb.ray_starts("k")[0]["pid"].as_i64().unwrap();
     let kids: Vec<i64> = sb
