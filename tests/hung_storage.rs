@@ -11,7 +11,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::{alive, Agent, Sandbox};
 
@@ -118,6 +118,9 @@ fn stop_with_storage_hung(role: &str) {
         env.insert("ARGUS_TTL_S".into(), "3".into());
     }
     let mut agent = Agent::start(&sb, role, &env);
+    // Moved to a binding declared after the agent's, so that it is dropped
+    // (thawed) first when a check fails: the agent's drop waits for it.
+    let mount = mount;
     match role {
         "head" => agent.wait_for("head running and published", Duration::from_secs(30), |a| {
             a.state() == "running" && sb.record().is_some()
@@ -137,10 +140,32 @@ fn stop_with_storage_hung(role: &str) {
         |a| a.log().contains("shared storage hung"),
     );
     agent.signal(libc::SIGTERM);
-    let stopped = agent.wait_exit(Duration::from_secs(10));
+    // The agent has stopped when its main thread has exited (exit_group):
+    // reaped, or a zombie leader. A zombie stays unreaped while one of its
+    // threads waits in a FUSE request that bindfs had already taken when
+    // it was frozen: FUSE waits for such a request uninterruptibly, where
+    // NFS's hard-mount waits are killable (CI hit this: the record reader
+    // in request_wait_answer, the test blocked for good). So the stop is
+    // timed to the exit, then the mount is thawed and the status read.
+    let t0 = Instant::now();
+    let mut took = None;
+    while t0.elapsed() < Duration::from_secs(10) {
+        if agent.wait_exit(Duration::ZERO).is_some() || leader_exited(agent.pid()) {
+            took = Some(t0.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    mount.thaw();
+    let stopped = agent.wait_exit(Duration::from_secs(30));
     let log = agent.log();
-    let (status, took) = stopped.unwrap_or_else(|| {
+    let took = took.unwrap_or_else(|| {
         panic!("{role} did not stop within 10 s of SIGTERM with the shared storage hung\n--- log ---\n{log}")
+    });
+    let (status, _) = stopped.unwrap_or_else(|| {
+        panic!(
+            "{role} exited but was not reaped 30 s after the mount was thawed\n--- log ---\n{log}"
+        )
     });
     assert_eq!(
         status.code(),
@@ -154,6 +179,17 @@ fn stop_with_storage_hung(role: &str) {
     );
     eprintln!("{role}: stopped {took:?} after SIGTERM with the shared storage hung");
     drop(mount);
+}
+
+/// Whether the thread group leader `pid` has exited (a zombie, or gone).
+fn leader_exited(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => true,
+    }
 }
 
 #[test]

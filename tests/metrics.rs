@@ -94,9 +94,13 @@ fn metrics_follow_a_worker_through_a_head_crash_and_a_takeover() {
 
     let henv = with_metrics(sb.env("h1", "head"));
     let mut h1 = Agent::start(&sb, "h1", &henv);
+    // The generation is claimed before the record is written (on the
+    // storage thread): the record's age is NaN until the first publish.
     let s = wait_scrape(&mut h1, &henv, "head serves generation 1", |s| {
         s.get("argus_node_state{state=\"running\"}") == Some(&1.0)
             && s.get("argus_head_generation") == Some(&1.0)
+            && s.get("argus_head_record_age_seconds")
+                .is_some_and(|a| !a.is_nan())
     });
     assert_eq!(
         value(&s, "argus_head_takeovers_total{rule=\"first_head\"}"),
