@@ -325,6 +325,37 @@ def cpu_seconds(pid):
     return total / 1e9
 
 
+def cpu_by_thread(pid):
+    """CPU seconds of each of `pid`'s threads, summed by thread name (comm:
+    tokio's workers, `proxy-watch`, `signals`, ...), from schedstat."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for t in tids:
+        try:
+            with open(f"/proc/{pid}/task/{t}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        out[name] = out.get(name, 0) + ns / 1e9
+    return out
+
+
+def by_thread_delta(before, after, names, dt):
+    """% of a core per thread name over `names`, from two cpu_by_thread maps
+    per agent (threads that ended in between count from 0)."""
+    acc = {}
+    for n in names:
+        a, b = after.get(n, {}), before.get(n, {})
+        for k, v in a.items():
+            acc[k] = acc.get(k, 0) + v - b.get(k, 0)
+    return {k: round(100 * v / dt, 3) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
+
+
 def smaps(pid):
     out = {}
     try:
@@ -459,11 +490,13 @@ def steady(c, names, seconds, counter):
     dockerd = [int(x) for x in subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()]
     t0 = time.time()
     cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
+    th0 = {n: cpu_by_thread(p) for n, p in pids.items()}
     d0 = sum(cpu_seconds(p) for p in dockerd)
     o0 = counter.snapshot()
     time.sleep(seconds)
     o1 = counter.snapshot()
     cpu1 = {n: cpu_seconds(p) for n, p in pids.items()}
+    th1 = {n: cpu_by_thread(p) for n, p in pids.items()}
     d1 = sum(cpu_seconds(p) for p in dockerd)
     dt = time.time() - t0
     counter.unwatch()  # no counting (Python wake-ups) during the rejoin
@@ -475,6 +508,9 @@ def steady(c, names, seconds, counter):
         seconds=round(dt, 1),
         cpu_all_agents_pct_of_core=round(100 * sum(cpu1[n] - cpu0[n] for n in pids) / dt, 2),
         cpu_per_worker_pct_of_core=round(100 * cpu_w / max(1, len(workers)), 4),
+        cpu_head_pct_of_core=round(100 * sum(cpu1[n] - cpu0[n] for n in pids if n not in workers) / dt, 3),
+        cpu_by_thread_workers=by_thread_delta(th0, th1, workers, dt),
+        cpu_by_thread_head=by_thread_delta(th0, th1, [n for n in pids if n not in workers], dt),
         dockerd_cpu_pct_of_core=round(100 * (d1 - d0) / dt, 2) if dockerd else None,
         pss_total_mib=round(sum(m.get("Pss", 0) for m in mem.values()) / 1024, 1),
         pss_per_worker_kib=round(statistics.mean(m.get("Pss", 0) for m in mem.values())),
@@ -519,6 +555,11 @@ def run_one(args, n, events, counter):
             k = s.split(":")[0]
             res["workers_file_events"][k] = res["workers_file_events"].get(k, 0) + 1
         if args.steady > 0:
+            # Idle means nothing changed for a while: the checks that back
+            # off after a change (the Serve-proxy watch: 1 s, doubling to
+            # 30 s) have reached their slow pace.
+            time.sleep(args.settle)
+            res["settle_s"] = args.settle
             res["steady"] = steady(c, ["head-a"] + names, args.steady, counter)
 
         # The head change: a new instance at a new address.
@@ -586,6 +627,9 @@ def table(results):
         s = r.get("steady")
         if s:
             print(f"  CPU, all agents:             {s['cpu_all_agents_pct_of_core']} % of a core ({s['cpu_per_worker_pct_of_core']} % per worker) over {s['seconds']} s")
+            print(f"  of which the head:           {s['cpu_head_pct_of_core']} % of a core")
+            print("  workers by thread (% core):  " + ", ".join(f"{k} {v}" for k, v in s["cpu_by_thread_workers"].items()))
+            print("  head by thread (% core):     " + ", ".join(f"{k} {v}" for k, v in s["cpu_by_thread_head"].items()))
             if s["dockerd_cpu_pct_of_core"] is not None:
                 print(f"  dockerd CPU meanwhile:       {s['dockerd_cpu_pct_of_core']} % of a core")
             print(f"  memory per worker:           private {s['private_per_worker_kib']['mean']} KiB (max {s['private_per_worker_kib']['max']}), PSS {s['pss_per_worker_kib']} KiB, RSS {s['rss_per_worker_kib']} KiB, {s['threads_per_worker']:.1f} threads")
@@ -606,6 +650,7 @@ def main():
     ap.add_argument("--events", nargs="+", default=["on", "off"], choices=["on", "off"])
     ap.add_argument("--poll", type=float, default=5.0)
     ap.add_argument("--steady", type=float, default=30.0, help="seconds of steady-state measurement (0: skip)")
+    ap.add_argument("--settle", type=float, default=0.0, help="seconds to wait after the last worker started before the steady-state window")
     ap.add_argument("--check", action="store_true", help="exit 1 unless every worker rejoined exactly once and no agent died")
     ap.add_argument("--janitor", action="store_true", help="let the agents' container janitor reach the real Docker socket")
     ap.add_argument("--no-raise", action="store_true", help="do not raise fs.inotify.max_user_instances / max_user_watches for the run")

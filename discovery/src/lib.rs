@@ -21,8 +21,8 @@ pub mod trust;
 pub use claim::{claim_generation, highest_generation, scan_generations, ClaimError, Scan};
 pub use lease::Lease;
 pub use publish::{
-    prune_stale_temps, publish, publish_volatile, publish_watched, PublishError, STAGING_DIR,
-    STALE_TEMP_AGE,
+    prune_stale_temps, publish, publish_volatile, publish_watched, PublishError, VolatileDir,
+    STAGING_DIR, STALE_TEMP_AGE,
 };
-pub use read::{read_record, ReadError};
+pub use read::{read_record, ReadError, RecordFile};
 pub use record::{HeadRecord, HeadState, RecordError, MAX_RECORD_BYTES, SCHEMA_VERSION};

@@ -127,6 +127,70 @@ pub fn publish_volatile(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
     replace(path, bytes, false, false)
 }
 
+/// How long a [`VolatileDir`] holds its folder before walking it again.
+pub const VOLATILE_REWALK: Duration = Duration::from_secs(60);
+
+/// A node-local folder whose files are replaced every few seconds (the
+/// state folder: the status file and the metrics snapshot, each heartbeat),
+/// held open between writes: walking its path through trusted components
+/// costs an open, an fstat and a close per component, a good part of an
+/// idle agent's system calls. The folder is walked (and made when missing)
+/// at the first write, again after [`VOLATILE_REWALK`], and again at once
+/// when a write through the held folder fails. Writes are as
+/// [`publish_volatile`]'s: temp file and rename, no fsync.
+pub struct VolatileDir {
+    path: PathBuf,
+    held: Option<(std::os::fd::OwnedFd, std::time::Instant)>,
+}
+
+impl VolatileDir {
+    pub fn new(path: PathBuf) -> Self {
+        Self { path, held: None }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Atomically replaces the file `name` of the folder with `bytes`.
+    pub fn publish(&mut self, name: &str, bytes: &[u8]) -> Result<(), PublishError> {
+        let now = std::time::Instant::now();
+        let target = self.path.join(name);
+        if let Some((fd, at)) = &self.held {
+            if now.saturating_duration_since(*at) < VOLATILE_REWALK
+                && replace_in(
+                    fd.as_raw_fd(),
+                    &self.path,
+                    fd.as_raw_fd(),
+                    &target,
+                    OsStr::new(name),
+                    bytes,
+                    false,
+                )
+                .is_ok()
+            {
+                return Ok(());
+            }
+        }
+        self.held = None;
+        let fd = trust::open_dir(&self.path, true).map_err(|e| PublishError::CreateDir {
+            path: self.path.clone(),
+            source: e.into(),
+        })?;
+        replace_in(
+            fd.as_raw_fd(),
+            &self.path,
+            fd.as_raw_fd(),
+            &target,
+            OsStr::new(name),
+            bytes,
+            false,
+        )?;
+        self.held = Some((fd, now));
+        Ok(())
+    }
+}
+
 /// A temp file name no other writer picks: `.<name>.<random>.tmp`.
 fn temp_name(name: &OsStr) -> OsString {
     let mut r = [0u8; 8];
@@ -166,8 +230,35 @@ fn replace(path: &Path, bytes: &[u8], durable: bool, staged: bool) -> Result<(),
     } else {
         dir.to_path_buf()
     };
+    replace_in(
+        tmp_fd,
+        &tmp_dir,
+        dir_fd.as_raw_fd(),
+        path,
+        name,
+        bytes,
+        durable,
+    )?;
+    if durable {
+        let _ = std::fs::File::from(dir_fd).sync_all();
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to a temp file in the verified folder `tmp_fd` (the
+/// folder `tmp_dir`, for messages) and renames it over `name` in the
+/// verified folder `dir_fd` (the file `path`).
+fn replace_in(
+    tmp_fd: std::os::fd::RawFd,
+    tmp_dir: &Path,
+    dir_fd: std::os::fd::RawFd,
+    path: &Path,
+    name: &OsStr,
+    bytes: &[u8],
+    durable: bool,
+) -> Result<(), PublishError> {
     let write_err = |source| PublishError::Write {
-        dir: tmp_dir.clone(),
+        dir: tmp_dir.to_path_buf(),
         source,
     };
     let tmp = temp_name(name);
@@ -195,15 +286,12 @@ fn replace(path: &Path, bytes: &[u8], durable: bool, staged: bool) -> Result<(),
         let _ = trust::unlink_at(tmp_fd, &tmp);
         return Err(write_err(e));
     }
-    if let Err(source) = trust::rename_at(tmp_fd, &tmp, dir_fd.as_raw_fd(), name) {
+    if let Err(source) = trust::rename_at(tmp_fd, &tmp, dir_fd, name) {
         let _ = trust::unlink_at(tmp_fd, &tmp);
         return Err(PublishError::Rename {
             path: path.to_path_buf(),
             source,
         });
-    }
-    if durable {
-        let _ = std::fs::File::from(dir_fd).sync_all();
     }
     Ok(())
 }
@@ -221,6 +309,26 @@ mod tests {
     use super::*;
     use crate::record::tests::sample;
     use crate::record::HeadRecord;
+
+    /// The folder is made at the first write and held; when it goes away
+    /// the next write walks the path again and makes it anew.
+    #[test]
+    fn a_volatile_dir_is_made_held_and_made_again_when_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("state/node");
+        let mut v = VolatileDir::new(dir.clone());
+        v.publish("status.json", b"one").unwrap();
+        v.publish("metrics.txt", b"m").unwrap();
+        assert_eq!(std::fs::read(dir.join("status.json")).unwrap(), b"one");
+        std::fs::remove_dir_all(&dir).unwrap();
+        v.publish("status.json", b"two").unwrap();
+        assert_eq!(std::fs::read(dir.join("status.json")).unwrap(), b"two");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["status.json"], "no temp file left");
+    }
 
     #[test]
     fn publish_replaces_and_leaves_no_temp_files() {

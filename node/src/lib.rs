@@ -245,6 +245,8 @@ pub(crate) struct Node<R = ()> {
     reason: String,
     state_since: SystemTime,
     last_status: Option<Instant>,
+    /// The state folder, held open between the heartbeat's writes.
+    state_files: argus_discovery::VolatileDir,
     last_wait_log: Option<Instant>,
     /// The stop request (SIGTERM/SIGINT), shared with everything that can
     /// take long.
@@ -294,6 +296,7 @@ impl Node {
             .unwrap_or_else(|_| "unknown".into());
         let holder_id = format!("{host}/{}/{}", std::process::id(), short_id());
         let now = Instant::now();
+        let state_files = argus_discovery::VolatileDir::new(cfg.state_dir.clone());
         Self {
             backoff: Backoff::new(cfg.backoff_min, cfg.backoff_max, cfg.stable_run),
             cfg,
@@ -315,6 +318,7 @@ impl Node {
             reason: "starting".into(),
             state_since: SystemTime::now(),
             last_status: None,
+            state_files,
             last_wait_log: None,
             stop,
             wake_at: now,
@@ -375,6 +379,7 @@ impl Node {
             reason: self.reason,
             state_since: self.state_since,
             last_status: self.last_status,
+            state_files: self.state_files,
             last_wait_log: self.last_wait_log,
             stop: self.stop,
             wake_at: self.wake_at,
@@ -684,12 +689,12 @@ impl<R: RoleLoop> Node<R> {
             engine_containers: self.engine_containers.clone(),
             updated_at: rfc3339(SystemTime::now()),
         };
-        if let Err(e) = status::write(&self.cfg.state_dir, &st) {
+        if let Err(e) = status::write(&mut self.state_files, &st) {
             warn!(error = %e, "cannot write status file");
         }
         argus_telemetry::metrics::set_head(st.head_generation, role.record_changed_at);
         argus_telemetry::metrics::set_failures(st.consecutive_failures, st.crash_loop);
-        if let Err(e) = argus_telemetry::metrics::write_snapshot(&self.cfg.state_dir) {
+        if let Err(e) = argus_telemetry::metrics::write_snapshot(&mut self.state_files) {
             debug!(error = %e, "cannot write the metrics snapshot");
         }
     }

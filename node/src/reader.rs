@@ -23,7 +23,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use argus_discovery::{read_record, HeadRecord, ReadError};
+use argus_discovery::{HeadRecord, ReadError, RecordFile};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::Event;
@@ -68,6 +68,7 @@ impl RecordReader {
                 // Set up once: after a failure the reader polls alone.
                 let mut watch_tried = !file_events;
                 let mut next = Instant::now();
+                let mut record = RecordFile::new(path.clone());
                 loop {
                     match wait(&cancelled, watch.as_mut(), next) {
                         Wake::Cancelled => return,
@@ -75,7 +76,7 @@ impl RecordReader {
                         Wake::Nothing => continue,
                     }
                     *busy.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-                    let read = read_record(&path);
+                    let read = record.read();
                     *busy.lock().unwrap_or_else(PoisonError::into_inner) = None;
                     next = Instant::now() + every;
                     if !watch_tried && path.parent().is_some_and(|d| d.is_dir()) {

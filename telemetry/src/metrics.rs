@@ -904,12 +904,17 @@ pub fn janitor_removed(n: u64) {
 
 /// The snapshot file `argus-agent metrics` prints.
 pub fn snapshot_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("metrics.txt")
+    state_dir.join(SNAPSHOT_FILE)
 }
 
+/// The snapshot's name in the state folder.
+pub const SNAPSHOT_FILE: &str = "metrics.txt";
+
 /// Writes the rendered metrics next to the status file (atomically).
-pub fn write_snapshot(state_dir: &Path) -> Result<(), argus_discovery::PublishError> {
-    argus_discovery::publish_volatile(&snapshot_path(state_dir), get().render().as_bytes())
+pub fn write_snapshot(
+    state_dir: &mut argus_discovery::VolatileDir,
+) -> Result<(), argus_discovery::PublishError> {
+    state_dir.publish(SNAPSHOT_FILE, get().render().as_bytes())
 }
 
 /// Connections the metrics listener holds at once; more are closed as

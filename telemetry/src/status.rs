@@ -102,16 +102,22 @@ pub struct Status {
 
 /// Returns the status file path under `state_dir`.
 pub fn status_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("status.json")
+    state_dir.join(STATUS_FILE)
 }
+
+/// The status file's name in the state folder.
+pub const STATUS_FILE: &str = "status.json";
 
 /// Writes `status` atomically (readers never see a torn file), without
 /// fsync: the state folder is node-local (tmpfs in the image) and the file
 /// is rewritten every [`HEARTBEAT`].
-pub fn write(state_dir: &Path, status: &Status) -> Result<(), argus_discovery::PublishError> {
+pub fn write(
+    state_dir: &mut argus_discovery::VolatileDir,
+    status: &Status,
+) -> Result<(), argus_discovery::PublishError> {
     let mut bytes = serde_json::to_vec_pretty(status).expect("status serialises");
     bytes.push(b'\n');
-    argus_discovery::publish_volatile(&status_path(state_dir), &bytes)
+    state_dir.publish(STATUS_FILE, &bytes)
 }
 
 /// Why the status could not be read.
