@@ -13,7 +13,8 @@
 # exact same Ray and Python, as Ray's runtime_env container plugin requires.
 #
 # The layout mimics the official image where it matters to Ray and the shim:
-# user `ray` uid 1000 gid 100 with HOME=/home/ray, `python` and `ray` on PATH.
+# user `ray` uid 1000 gid 100 with HOME=/home/ray and password-less sudo,
+# `python` and `ray` on PATH.
 #
 # Cached at two levels, so a re-run is fast:
 #   1. the image exists with the constraints' label -> nothing to do (FORCE=1
@@ -34,7 +35,10 @@ BASE_TAG=${BASE_TAG:-argus/ray-base:${RAY_VERSION}-py311}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CACHE=${CACHE:-target/image-cache}
 SUITE=bookworm
-PACKAGES=python3,python3-venv,python3-pip,ca-certificates,procps,iproute2,libstdc++6,tzdata
+# sudo, with the Ray user's password-less rule, as in rayproject/ray's base
+# (docker/base-deps/Dockerfile): the node image must be safe on a base that
+# carries it (Dockerfile.node strips every setuid bit and the rule).
+PACKAGES=python3,python3-venv,python3-pip,ca-certificates,procps,iproute2,libstdc++6,tzdata,sudo
 CONSTRAINTS=docker/ray/constraints-${RAY_VERSION}.txt
 
 log() { printf 'build-base-image: %s\n' "$*" >&2; }
@@ -45,7 +49,9 @@ command -v docker >/dev/null || die "docker CLI not found"
 docker info >/dev/null 2>&1 || die "Docker daemon not reachable (is /var/run/docker.sock there and yours?)"
 
 [ -s "$CONSTRAINTS" ] || die "no pinned dependency set for Ray $RAY_VERSION: $CONSTRAINTS"
-pins=$(sha256sum "$CONSTRAINTS" | cut -c1-16)
+# The image's key: the pinned dependency set and this recipe (the packages
+# and the steps below), so that a changed recipe rebuilds.
+pins=$( { sha256sum "$CONSTRAINTS"; sed -n '/^SUITE=/,$p' scripts/build-base-image.sh; } | sha256sum | cut -c1-16)
 have=$(docker image inspect -f '{{index .Config.Labels "argus.ray.constraints"}}' "$BASE_TAG" 2>/dev/null || true)
 if [ "${FORCE:-0}" != 1 ] && [ "$have" = "$pins" ]; then
   log "$BASE_TAG already present with $CONSTRAINTS ($pins) (FORCE=1 rebuilds)"
@@ -56,7 +62,7 @@ fi
 mkdir -p "$CACHE"
 CACHE=$(cd "$CACHE" && pwd)
 rootfs_tar="$CACHE/ray-base-${RAY_VERSION}-py311-${pins}-rootfs.tar"
-debs_tgz="$CACHE/${SUITE}-debs.tgz"
+debs_tgz="$CACHE/${SUITE}-debs-$(echo "$PACKAGES" | sha256sum | cut -c1-8).tgz"
 
 import_rootfs() {
   log "docker import $rootfs_tar as $BASE_TAG"
@@ -130,6 +136,8 @@ env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
     --constraints /opt/argus/ray/constraints.txt
   # user as in rayproject/ray: uid 1000, gid 100 (users), HOME /home/ray
   useradd -m -s /bin/bash -d /home/ray -u 1000 -g 100 ray
+  usermod -aG sudo ray
+  echo 'ray ALL=NOPASSWD: ALL' >> /etc/sudoers
   apt-get clean
   rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /root/.cache
 "

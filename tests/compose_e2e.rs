@@ -1716,6 +1716,54 @@ fn serve_replicas_answer_after_head_failover_and_are_reaped_after_delete_and_shu
 /// plus, in its /etc/group, a group with the host's Docker socket gid that
 /// the Ray user (uid 1000) belongs to, and the attack program. Returns the
 /// image and that group's name in it.
+/// R-SEC-7 on a base that has sudo: the local Ray base carries sudo with
+/// the Ray user's password-less rule, as Ray's official base does. Control:
+/// in a plain `docker run` of an image on that base (the attack image, FROM
+/// a stand-in engine, FROM the base) the Ray user's `sudo -n id -u` is
+/// root. In the node image (setuid bits and the rule stripped) and in an
+/// engine container a job starts through the shim (`no-new-privileges`)
+/// it is not.
+fn sudo_gives_root_to_no_one(worker: &str, attack_img: &str) {
+    let sudo_uid = |o: &Output| {
+        let out = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        (o.status.success(), out)
+    };
+    let control = output(Command::new("docker").args([
+        "run", "--rm", "--user", "1000", attack_img, "sudo", "-n", "id", "-u",
+    ]));
+    assert_eq!(
+        sudo_uid(&control),
+        (true, "0".to_string()),
+        "control: the base's sudo should make the Ray user root in a plain container: {}",
+        String::from_utf8_lossy(&control.stderr)
+    );
+    let in_node = output(
+        Command::new("docker").args(["exec", "-u", "ray", worker, "sudo", "-n", "id", "-u"]),
+    );
+    let in_engine = podman_as_ray(
+        worker,
+        &[
+            "run", "--rm", "--user", "1000", attack_img, "sudo", "-n", "id", "-u",
+        ],
+    );
+    for (where_, o) in [
+        ("the node", &in_node),
+        ("a job's engine container", &in_engine),
+    ] {
+        let (ok, uid) = sudo_uid(o);
+        assert!(
+            !(ok && uid == "0"),
+            "sudo made the Ray user root in {where_}: {uid} {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    log(&format!(
+        "sudo: root in a plain container of the base (control); refused in the node ({}) and in a job's engine container ({})",
+        String::from_utf8_lossy(&in_node.stderr).trim(),
+        String::from_utf8_lossy(&in_engine.stderr).trim()
+    ));
+}
+
 fn build_attack_image(socket_gid: u32) -> (String, String) {
     let img = format!("localhost/argus-e2e-attack:{}", e2e_version());
     let ctx = tempfile::tempdir().unwrap();
@@ -2469,6 +2517,7 @@ fn compose_a_ray_user_on_a_worker_reaches_neither_the_docker_api_nor_root() {
         suid.trim().is_empty(),
         "setuid or setgid files in the node image: {suid}"
     );
+    sudo_gives_root_to_no_one(&worker, &img);
     assert_eq!(
         inspect(&head, "{{.Config.WorkingDir}}"),
         "/",
