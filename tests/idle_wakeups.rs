@@ -32,8 +32,10 @@ const WINDOW: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_secs(5);
 const REFRESH: Duration = Duration::from_secs(10);
 const TTL: Duration = Duration::from_secs(60);
-/// The 30 s periods: the signal thread's safety-net `sigtimedwait`
-/// (supervise/src/reaper.rs), the container janitor's sweep
+/// The signal thread's safety-net `sigtimedwait` (supervise/src/reaper.rs
+/// `SIGNAL_WAIT_S`).
+const NET: Duration = Duration::from_secs(120);
+/// The 30 s periods: the container janitor's sweep
 /// (node/src/janitor.rs) and the proxy watch's longest gap
 /// (node/src/drainer.rs `PROXY_SLOW`).
 const SLOW: Duration = Duration::from_secs(30);
@@ -64,11 +66,11 @@ fn budget(role: &str, thread: &str) -> (u64, String) {
             poll + refresh,
             format!("poll {poll} + head refresh {refresh}"),
         ),
-        // One event per read; the status heartbeat (10 s) rides on them.
-        ("worker", "argus-agent") => (
-            poll + refresh,
-            format!("a read's event: poll {poll} + head refresh {refresh}"),
-        ),
+        // One event per read that brings news: a change (the head's
+        // refresh; a poll between two refreshes finds the same bytes and
+        // is not sent, node/src/reader.rs `Forward`); the status heartbeat
+        // (10 s) rides on them.
+        ("worker", "argus-agent") => (refresh, format!("a change's event: head refresh {refresh}")),
         ("worker", "proxy-watch") => (
             PROXY_RAMP + slow,
             format!("ramp {PROXY_RAMP} + 30 s {slow}"),
@@ -77,7 +79,7 @@ fn budget(role: &str, thread: &str) -> (u64, String) {
         // the status heartbeat rides on it.
         ("head", "argus-agent") => (2 * refresh, format!("2 per refresh {refresh}")),
         ("head", "storage") => (refresh, format!("refresh {refresh}")),
-        (_, "signals") => (slow, format!("30 s net {slow}")),
+        (_, "signals") => (ticks(NET), format!("120 s net {}", ticks(NET))),
         (_, "janitor") => (slow, format!("30 s sweep {slow}")),
         _ => return (SLACK, format!("no periodic duty: {SLACK}")),
     };

@@ -6,7 +6,8 @@
 //! file-change hints from inotify, probe answers from the probe thread)
 //! arrive on one channel; everything else is driven by deadlines. The loop
 //! sleeps until the earliest deadline or the next event, not on a fixed
-//! tick: an idle worker wakes for its record reads (`reader.rs`) and the
+//! tick: an idle worker wakes for the record reads that bring news (`reader.rs`:
+//! a change, a failure, a record gone quiet) and the
 //! status heartbeat, and nothing busy-loops or sleeps blindly.
 //!
 //! Nothing on the loop waits long: the worker's record reads run on the

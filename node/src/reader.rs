@@ -43,9 +43,14 @@ impl RecordReader {
     /// Starts reading `path` at once and then every `every`, and, when
     /// `file_events`, whenever the file changes; each result goes to
     /// `events` as [`Event::Record`].
+    ///
+    /// A read that finds the same bytes as the last one sent is sent only
+    /// once the record has been unchanged for `quiet_after` (see
+    /// [`Forward`]): until then it tells the loop nothing new.
     pub(super) fn start(
         path: PathBuf,
         every: Duration,
+        quiet_after: Duration,
         file_events: bool,
         events: Sender<Event>,
     ) -> std::io::Result<Self> {
@@ -69,13 +74,15 @@ impl RecordReader {
                 let mut watch_tried = !file_events;
                 let mut next = Instant::now();
                 let mut record = RecordFile::new(path.clone());
+                let mut forward = Forward::new(quiet_after);
                 loop {
                     match wait(&cancelled, watch.as_mut(), next) {
                         Wake::Cancelled => return,
                         Wake::Changed | Wake::Due => {}
                         Wake::Nothing => continue,
                     }
-                    *busy.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                    let started = Instant::now();
+                    *busy.lock().unwrap_or_else(PoisonError::into_inner) = Some(started);
                     let read = record.read();
                     *busy.lock().unwrap_or_else(PoisonError::into_inner) = None;
                     next = Instant::now() + every;
@@ -91,6 +98,12 @@ impl RecordReader {
                         if events.send(Event::FileEvents(state)).is_err() {
                             return;
                         }
+                    }
+                    // A read the loop may have judged hung (STORAGE_BOUND)
+                    // is news whatever it found: it ends the "hung" state.
+                    let slow = started.elapsed() >= crate::STORAGE_BOUND;
+                    if !forward.wants(&read, Instant::now()) && !slow {
+                        continue;
                     }
                     if events.send(Event::Record(Box::new(read))).is_err() {
                         return;
@@ -109,6 +122,47 @@ impl RecordReader {
             .in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Which reads the loop hears of. An idle worker's reads mostly find the
+/// bytes the last one found (a poll between two refreshes of the head),
+/// and each one sent wakes the loop: half of an idle worker's wake-ups
+/// (docs/operations.md, "The cost of idle agents"). Sent: every failed
+/// read, every change, the first success after a failure (the loop marks
+/// the storage healthy again), and, once the record has not changed for
+/// `quiet_after`, every read again: from then on the loop judges a quiet
+/// record (it probes the head's GCS after `max(poll, TTL/4)` of quiet, the
+/// worker passes that; the lease expires after the TTL).
+struct Forward {
+    quiet_after: Duration,
+    last: Option<Vec<u8>>,
+    changed_at: Instant,
+}
+
+impl Forward {
+    fn new(quiet_after: Duration) -> Self {
+        Self {
+            quiet_after,
+            last: None,
+            changed_at: Instant::now(),
+        }
+    }
+
+    /// Whether the loop is told of `read`, made at `now`.
+    fn wants(&mut self, read: &ReadResult, now: Instant) -> bool {
+        match read {
+            Err(_) => {
+                self.last = None;
+                true
+            }
+            Ok((_, raw)) if self.last.as_deref() != Some(raw.as_slice()) => {
+                self.last = Some(raw.clone());
+                self.changed_at = now;
+                true
+            }
+            Ok(_) => now.saturating_duration_since(self.changed_at) >= self.quiet_after,
+        }
     }
 }
 
@@ -181,12 +235,68 @@ mod tests {
         }
     }
 
+    /// The loop hears of changes and failures at once, of the same bytes
+    /// again only once they have been quiet for `quiet_after`.
+    #[test]
+    fn the_same_bytes_again_are_sent_only_once_the_record_is_quiet() {
+        use argus_discovery::ReadError;
+        let rec = |seq: u64| {
+            let now = std::time::SystemTime::now();
+            let r = HeadRecord {
+                gcs_ft: false,
+                schema_version: argus_discovery::SCHEMA_VERSION,
+                cluster_name: "argus-ray".into(),
+                head_ip: "10.0.0.1".into(),
+                gcs_port: 6379,
+                dashboard_port: 8265,
+                job_server_url: "http://10.0.0.1:8265".into(),
+                updated_at: argus_discovery::record::rfc3339(now),
+                expires_at: argus_discovery::record::rfc3339(now),
+                instance_id: "i1".into(),
+                holder_id: "h".into(),
+                generation: 1,
+                seq,
+                state: argus_discovery::HeadState::Running,
+                ttl_s: 60.0,
+            };
+            let raw = r.to_bytes();
+            Ok((r, raw)) as ReadResult
+        };
+        let missing = || -> ReadResult {
+            Err(ReadError::Missing {
+                path: PathBuf::from("/x/head.json"),
+            })
+        };
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut f = Forward::new(Duration::from_secs(15));
+        assert!(f.wants(&rec(1), at(0)), "the first read");
+        assert!(!f.wants(&rec(1), at(5_000)), "a poll between refreshes");
+        assert!(f.wants(&rec(2), at(10_000)), "a refresh");
+        assert!(!f.wants(&rec(2), at(24_999)), "quiet, not long enough");
+        assert!(f.wants(&rec(2), at(25_000)), "quiet for 15 s");
+        assert!(f.wants(&rec(2), at(30_000)), "and every read after");
+        assert!(f.wants(&missing(), at(35_000)), "a failure");
+        assert!(
+            f.wants(&rec(2), at(40_000)),
+            "the same bytes after a failure"
+        );
+        assert!(!f.wants(&rec(2), at(45_000)));
+    }
+
     #[test]
     fn reads_at_once_on_a_change_and_every_period() {
         let d = tempfile::tempdir().unwrap();
         let file = d.path().join("head.json");
         let (tx, rx) = mpsc::channel();
-        let r = RecordReader::start(file.clone(), Duration::from_secs(3600), true, tx).unwrap();
+        let r = RecordReader::start(
+            file.clone(),
+            Duration::from_secs(3600),
+            Duration::ZERO,
+            true,
+            tx,
+        )
+        .unwrap();
         assert!(
             next_read(&rx).unwrap_err().is_missing(),
             "the first read is at once"
@@ -215,6 +325,7 @@ mod tests {
         let r = RecordReader::start(
             d.path().join("head.json"),
             Duration::from_millis(50),
+            Duration::ZERO,
             false,
             tx,
         )

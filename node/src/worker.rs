@@ -120,7 +120,16 @@ impl Node<WorkerRole> {
         ));
         self.start_serve_watch();
         let path = self.cfg.head_file.clone();
-        match RecordReader::start(path, self.cfg.poll, self.cfg.file_events, self.tx.clone()) {
+        // The loop judges a quiet record from max(poll, TTL/4) on
+        // (check_head_gcs): until then a read of the same bytes is no news.
+        let quiet_after = self.cfg.poll.max(self.cfg.ttl / 4);
+        match RecordReader::start(
+            path,
+            self.cfg.poll,
+            quiet_after,
+            self.cfg.file_events,
+            self.tx.clone(),
+        ) {
             Ok(r) => self.reader = Some(r),
             Err(e) => {
                 tracing::error!(error = %e, "cannot start the head record's reader thread");

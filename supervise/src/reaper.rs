@@ -152,7 +152,7 @@ pub fn route_signals(sink: impl Fn(Signal) -> bool + Send + 'static) {
 /// takes it and none is lost; the net can be long, and an idle agent rarely
 /// wakes. A unit-test process has threads that do not block SIGCHLD, where
 /// one can be discarded, so the net is short there ([`init_in_test`]).
-static SIGNAL_WAIT_S: AtomicI64 = AtomicI64::new(if cfg!(test) { 1 } else { 30 });
+static SIGNAL_WAIT_S: AtomicI64 = AtomicI64::new(if cfg!(test) { 1 } else { 120 });
 
 /// [`init`] for a process whose other threads were started before it and
 /// do not block SIGCHLD (a test harness): such a thread may take a SIGCHLD
