@@ -156,36 +156,22 @@ impl VolatileDir {
     pub fn publish(&mut self, name: &str, bytes: &[u8]) -> Result<(), PublishError> {
         let now = std::time::Instant::now();
         let target = self.path.join(name);
+        let dir = &self.path;
+        let write = |fd: &std::os::fd::OwnedFd| {
+            let fd = fd.as_raw_fd();
+            replace_in(fd, dir, fd, &target, OsStr::new(name), bytes, false)
+        };
         if let Some((fd, at)) = &self.held {
-            if now.saturating_duration_since(*at) < VOLATILE_REWALK
-                && replace_in(
-                    fd.as_raw_fd(),
-                    &self.path,
-                    fd.as_raw_fd(),
-                    &target,
-                    OsStr::new(name),
-                    bytes,
-                    false,
-                )
-                .is_ok()
-            {
+            if now.saturating_duration_since(*at) < VOLATILE_REWALK && write(fd).is_ok() {
                 return Ok(());
             }
         }
         self.held = None;
-        let fd = trust::open_dir(&self.path, true).map_err(|e| PublishError::CreateDir {
-            path: self.path.clone(),
+        let fd = trust::open_dir(dir, true).map_err(|e| PublishError::CreateDir {
+            path: dir.clone(),
             source: e.into(),
         })?;
-        replace_in(
-            fd.as_raw_fd(),
-            &self.path,
-            fd.as_raw_fd(),
-            &target,
-            OsStr::new(name),
-            bytes,
-            false,
-        )?;
+        write(&fd)?;
         self.held = Some((fd, now));
         Ok(())
     }
