@@ -1017,6 +1017,28 @@ impl Policy {
     }
 
     fn check_namespaces(&self, o: &RunOpts) -> Result<(), PolicyError> {
+        // R-SEC-9: a container in the node's (or another engine's) network,
+        // PID or IPC namespace dies with its call. Detached, nothing would
+        // end it: it could outlive its job and, in the node's namespaces,
+        // take the Serve proxy's port or signal the node's processes.
+        if o.detach {
+            let shared = [
+                ("--network", o.network.as_deref()),
+                ("--pid", o.pid.as_deref()),
+                ("--ipc", o.ipc.as_deref()),
+            ]
+            .into_iter()
+            .find(|(_, v)| v.is_some_and(|v| v == "host" || v.starts_with("container:")));
+            if let Some((flag, Some(v))) = shared {
+                return Err(PolicyError::Flag {
+                    flag,
+                    value: format!(
+                        "{v} with --detach (a detached container sharing the node's or another container's namespace would outlive its job: run it attached, and it ends with its call)"
+                    ),
+                    rule: "namespaces",
+                });
+            }
+        }
         // A network of its own is one the Ray container is attached to
         // (podman's private network kinds are Docker's bridge).
         if let Some(n) = o.network.as_deref() {
@@ -2338,6 +2360,42 @@ mod tests {
         let argv = crate::args::tests::ray_worker_argv();
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         assert_eq!(rule_of(check(&strict(), &argv)), "ok");
+    }
+
+    #[test]
+    fn a_detached_container_never_shares_a_namespace_it_could_outlive_its_job_in() {
+        let mut p = strict();
+        p.owned_refs.insert("mine".into());
+        for shared in [
+            "--network=host",
+            "--pid=host",
+            "--ipc=host",
+            "--network=container:mine",
+            "--pid=container:mine",
+            "--ipc=container:mine",
+        ] {
+            for detach in ["-d", "--detach", "--detach=true"] {
+                assert_eq!(
+                    rule(&p, &strings(&[detach, shared])),
+                    "namespaces",
+                    "{detach} {shared}"
+                );
+            }
+            // Attached, it ends with its call: allowed.
+            assert_eq!(rule(&p, &strings(&[shared])), "ok", "{shared}");
+            assert_eq!(rule(&p, &strings(&["--detach=false", shared])), "ok");
+        }
+        let both = strings(&["-d", "--network", "host", "--pid", "host"]);
+        assert_eq!(rule(&p, &both), "namespaces");
+        // Namespaces of its own: detached is fine.
+        for own in [
+            "--network=none",
+            "--pid=private",
+            "--ipc=private",
+            "--uts=host",
+        ] {
+            assert_eq!(rule(&p, &strings(&["-d", own])), "ok", "{own}");
+        }
     }
 
     #[test]
