@@ -2674,6 +2674,58 @@ print(json.dumps({{"taken": done, "forged": forged}}))
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // R-SEC-9: a job's container in the node's namespaces dies with its
+    // call, so none may be detached (it could hold the Serve proxy's port
+    // or signal the node's processes long after its job): refused, and
+    // none created. Control: attached it runs, and a detached one with
+    // namespaces of its own starts.
+    let ours = containers_of(&img);
+    for shared in [
+        &["--network=host"][..],
+        &["--pid=host"],
+        &["--ipc=host"],
+        &["--network", "host", "--pid", "host"],
+    ] {
+        let mut args = vec!["run", "-d"];
+        args.extend(shared);
+        args.extend([img.as_str(), "sleep", "1003"]);
+        let o = podman_as_ray(&worker, &args);
+        assert_eq!(
+            o.status.code(),
+            Some(125),
+            "R-SEC-9: a detached container in the node's namespaces {shared:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    assert_eq!(
+        containers_of(&img),
+        ours,
+        "R-SEC-9: a refused detached run left a container"
+    );
+    let attached = podman_as_ray(
+        &worker,
+        &["run", "--rm", "--network=host", "--pid=host", &img, "true"],
+    );
+    assert_eq!(
+        attached.status.code(),
+        Some(0),
+        "control: an attached run in the node's namespaces: {}",
+        String::from_utf8_lossy(&attached.stderr)
+    );
+    let own = podman_as_ray(&worker, &["run", "-d", &img, "sleep", "1004"]);
+    let own_id = String::from_utf8_lossy(&own.stdout).trim().to_string();
+    assert!(
+        own.status.success() && !own_id.is_empty(),
+        "control: a detached run in namespaces of its own: {}",
+        String::from_utf8_lossy(&own.stderr)
+    );
+    let rm = podman_as_ray(&worker, &["rm", "-f", &own_id]);
+    assert!(
+        rm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rm.stderr)
+    );
+    log("R-SEC-9: detached runs in the node's namespaces refused (4 spellings), none created; attached and private-namespace controls ran");
     run(Command::new("docker").args(["exec", &worker, "pkill", "-KILL", "-x", "raylet"]));
     let t0 = Instant::now();
     while !beside("^sleep 100[12]$").trim().is_empty() {

@@ -28,7 +28,9 @@
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
+use std::sync::atomic::AtomicI32;
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use argus_discovery::record::rfc3339;
@@ -204,6 +206,12 @@ impl NodeAgent {
         });
     }
 
+    /// The pid of the running `ray start` (0 while none runs), kept up to
+    /// date by the node: the podman broker tells Ray's own calls by it.
+    pub fn ray_pid(&self) -> Arc<AtomicI32> {
+        self.0.ray_pid.clone()
+    }
+
     /// Adds variables to Ray's environment (e.g. from preflight).
     pub fn add_ray_env(&mut self, env: Vec<(String, String)>) {
         self.0.extra_env.extend(env);
@@ -287,6 +295,9 @@ pub(crate) struct Node<R = ()> {
     /// Whether engine containers can start here (`available` or
     /// `unavailable: why`), as the binary found the Docker socket at start.
     engine_containers: Option<String>,
+    /// The pid of this run's `ray start` (0: none), shared with the podman
+    /// broker, which reserves places for the processes Ray started.
+    ray_pid: Arc<AtomicI32>,
 }
 
 impl Node {
@@ -343,6 +354,7 @@ impl Node {
             proxy_watch: None,
             serve_proxy: None,
             engine_containers: None,
+            ray_pid: Arc::default(),
             tx,
         }
     }
@@ -403,6 +415,7 @@ impl Node {
             proxy_watch: self.proxy_watch,
             serve_proxy: self.serve_proxy,
             engine_containers: self.engine_containers,
+            ray_pid: self.ray_pid,
             role,
         }
     }

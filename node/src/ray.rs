@@ -5,6 +5,7 @@ use std::io;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::{self, Signal};
@@ -228,6 +229,7 @@ impl<R: super::RoleLoop> Node<R> {
             let _ = tx.send(Event::RayExited { run, exit });
         }) {
             Ok(pid) => {
+                self.ray_pid.store(pid as i32, Ordering::Relaxed);
                 info!(pid, run, ray = %self.cfg.ray_bin, args = ?shown, "started ray");
                 metrics::ray_started();
                 let head = target.is_none();
@@ -335,6 +337,7 @@ impl<R: super::RoleLoop> Node<R> {
         );
         let joined = r.target.clone();
         self.ray = None;
+        self.ray_pid.store(0, Ordering::Relaxed);
         // Ray's own children may outlive `ray start` (agents, idle workers).
         let _ = signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
         let swept = self.sweep(Duration::from_secs(2));

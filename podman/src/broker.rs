@@ -48,35 +48,66 @@ pub const MAX_CALLS_PER_UID: usize = 512;
 /// How many podman calls may run at once on one node, all uids together.
 pub const MAX_CALLS: usize = 1024;
 
+/// Places kept for the processes this node's Ray started (a direct child
+/// of its raylet: a container worker's `podman run`, the runtime_env
+/// agent's calls) once their uid is at [`MAX_CALLS_PER_UID`] or the node
+/// at [`MAX_CALLS`], at most one per process: a job that holds every
+/// ordinary place with its own calls (they all run as the Ray user) does
+/// not stop the raylet from starting another job's container workers or
+/// Serve replicas. To take this reserve too, a job needs one Ray-started
+/// process per place (a worker that execs into a caller).
+pub const RAY_RESERVE: usize = 64;
+
+/// Where a call was counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// Within the uid's and the node's bounds.
+    Shared,
+    /// In [`RAY_RESERVE`], by the Ray-started process of this pid.
+    Reserved(i32),
+}
+
 /// The live calls per uid, and in all.
 #[derive(Debug, Default)]
 pub struct Calls {
     per_uid: std::collections::HashMap<u32, usize>,
     all: usize,
+    /// The Ray-started processes holding a reserved place.
+    reserved: std::collections::HashSet<i32>,
 }
 
 impl Calls {
-    /// Counts a new call of `uid` and returns None, or returns the one-line
-    /// refusal when `uid` or the node is at its bound.
-    pub fn admit(&mut self, uid: u32) -> Option<String> {
+    /// Counts a new call of `uid` and returns where, or returns the
+    /// one-line refusal when `uid` or the node is at its bound and the
+    /// caller has no reserved place (`ray_started`: the caller's pid when
+    /// this node's Ray started it).
+    pub fn admit(&mut self, uid: u32, ray_started: Option<i32>) -> Result<Place, String> {
         let mine = self.per_uid.get(&uid).copied().unwrap_or(0);
-        if mine >= MAX_CALLS_PER_UID {
-            return Some(format!(
+        let why = if mine >= MAX_CALLS_PER_UID {
+            format!(
                 "{MAX_CALLS_PER_UID} podman calls of uid {uid} are already running on this node"
-            ));
+            )
+        } else if self.all >= MAX_CALLS {
+            format!("{MAX_CALLS} podman calls are already running on this node")
+        } else {
+            self.per_uid.insert(uid, mine + 1);
+            self.all += 1;
+            return Ok(Place::Shared);
+        };
+        match ray_started {
+            Some(pid) if self.reserved.len() < RAY_RESERVE && self.reserved.insert(pid) => {
+                Ok(Place::Reserved(pid))
+            }
+            _ => Err(why),
         }
-        if self.all >= MAX_CALLS {
-            return Some(format!(
-                "{MAX_CALLS} podman calls are already running on this node"
-            ));
-        }
-        self.per_uid.insert(uid, mine + 1);
-        self.all += 1;
-        None
     }
 
-    /// Counts the end of a call of `uid`.
-    pub fn done(&mut self, uid: u32) {
+    /// Counts the end of a call of `uid` counted at `place`.
+    pub fn done(&mut self, uid: u32, place: Place) {
+        if let Place::Reserved(pid) = place {
+            self.reserved.remove(&pid);
+            return;
+        }
         if let Some(n) = self.per_uid.get_mut(&uid) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -85,6 +116,29 @@ impl Calls {
         }
         self.all = self.all.saturating_sub(1);
     }
+}
+
+/// Whether `pid` is a process this node's Ray started: its parent is a
+/// process named `raylet` whose parent is `ray start` (`ray`, by pid: the
+/// agent's own child, which no job can make a process a child of; a name
+/// alone anyone can take). `stat` gives a pid's parent and name.
+pub fn started_by_ray(pid: i32, ray: i32, stat: impl Fn(i32) -> Option<(i32, String)>) -> bool {
+    if ray <= 0 {
+        return false;
+    }
+    let Some((parent, _)) = stat(pid) else {
+        return false;
+    };
+    matches!(stat(parent), Some((grand, name)) if grand == ray && name == "raylet")
+}
+
+/// A process's parent pid and name (`comm`), from `/proc/<pid>/stat`.
+fn parent_and_name(pid: i32) -> Option<(i32, String)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, rest) = stat.rsplit_once(')')?;
+    let name = head.split_once('(')?.1.to_string();
+    let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
+    Some((ppid, name))
 }
 
 type Live = Arc<std::sync::Mutex<Calls>>;
@@ -105,6 +159,9 @@ pub struct BrokerConfig {
     /// The owner the socket file gets (the Ray user), when the agent is
     /// root.
     pub owner: Option<(u32, u32)>,
+    /// The pid of this node's `ray start` (0: none), kept by the node:
+    /// calls of the processes its raylet started may use [`RAY_RESERVE`].
+    pub ray_pid: Arc<std::sync::atomic::AtomicI32>,
 }
 
 /// Binds the broker's socket and serves it on a thread; returns its path.
@@ -166,17 +223,28 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
         refuse(&conn, format!("uid {uid} may not use this node's podman"));
         return;
     }
-    let over = lock(live).admit(uid);
-    if let Some(why) = over {
-        warn!(pid, uid, "podman broker: too many calls at once");
-        refuse(&conn, why);
-        return;
+    let ray = cfg.ray_pid.load(std::sync::atomic::Ordering::Relaxed);
+    let ray_started = (pid > 0 && started_by_ray(pid, ray, parent_and_name)).then_some(pid);
+    let admitted = lock(live).admit(uid, ray_started);
+    let place = match admitted {
+        Ok(place) => place,
+        Err(why) => {
+            warn!(pid, uid, "podman broker: too many calls at once");
+            refuse(&conn, why);
+            return;
+        }
+    };
+    if let Place::Reserved(_) = place {
+        info!(
+            pid,
+            uid, "podman broker: a call of Ray's own took a reserved place"
+        );
     }
     let fd = conn.as_raw_fd();
     let (report_rx, report_tx) = match report_pipe() {
         Ok(p) => p,
         Err(e) => {
-            lock(live).done(uid);
+            lock(live).done(uid, place);
             warn!(error = %e, "podman broker: cannot create a report pipe");
             refuse(&conn, format!("the node agent cannot start a handler: {e}"));
             return;
@@ -211,7 +279,7 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
     let state_dir = cfg.state_dir.clone();
     let started = Instant::now();
     let spawned = reaper::spawn_with(&mut cmd, move |exit| {
-        lock(&done).done(uid);
+        lock(&done).done(uid, place);
         let took = started.elapsed();
         // The handler has exited: what it wrote is in the pipe.
         let (r, created) = report::read_with_ids(report_rx.as_fd());
@@ -244,7 +312,7 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
     match spawned {
         Ok(handler) => debug!(pid, uid, handler, "podman call accepted"),
         Err(e) => {
-            lock(live).done(uid);
+            lock(live).done(uid, place);
             warn!(error = %e, "podman broker: cannot start a handler");
             refuse(&conn, format!("the node agent cannot start a handler: {e}"));
         }
@@ -497,23 +565,87 @@ mod tests {
     fn calls_are_bounded_per_uid_and_in_all() {
         let mut c = Calls::default();
         for _ in 0..MAX_CALLS_PER_UID {
-            assert_eq!(c.admit(1000), None);
+            assert_eq!(c.admit(1000, None), Ok(Place::Shared));
         }
-        let why = c.admit(1000).unwrap();
+        let why = c.admit(1000, None).unwrap_err();
         assert!(why.contains("uid 1000") && !why.contains('\n'), "{why}");
         // Another uid still gets in; one call ended makes room again.
-        assert_eq!(c.admit(0), None);
-        c.done(1000);
-        assert_eq!(c.admit(1000), None);
+        assert_eq!(c.admit(0, None), Ok(Place::Shared));
+        c.done(1000, Place::Shared);
+        assert_eq!(c.admit(1000, None), Ok(Place::Shared));
         // The node's bound holds over all uids.
         let mut c = Calls::default();
         for uid in 0..MAX_CALLS as u32 {
-            assert_eq!(c.admit(uid), None);
+            assert_eq!(c.admit(uid, None), Ok(Place::Shared));
         }
-        assert!(c.admit(u32::MAX).unwrap().contains("already running"));
+        assert!(c
+            .admit(u32::MAX, None)
+            .unwrap_err()
+            .contains("already running"));
         for uid in 0..MAX_CALLS as u32 {
-            c.done(uid);
+            c.done(uid, Place::Shared);
         }
         assert_eq!((c.all, c.per_uid.len()), (0, 0));
+    }
+
+    #[test]
+    fn rays_own_calls_have_a_reserve_a_job_at_its_bound_cannot_take() {
+        let mut c = Calls::default();
+        for _ in 0..MAX_CALLS_PER_UID {
+            c.admit(1000, None).unwrap();
+        }
+        // A job's call at the bound: refused. The raylet's child: reserved.
+        assert!(c.admit(1000, None).is_err());
+        assert_eq!(c.admit(1000, Some(77)), Ok(Place::Reserved(77)));
+        // One place per Ray-started process: its second call is refused.
+        assert!(c.admit(1000, Some(77)).is_err());
+        for pid in 1..RAY_RESERVE as i32 {
+            assert_eq!(
+                c.admit(1000, Some(1000 + pid)),
+                Ok(Place::Reserved(1000 + pid))
+            );
+        }
+        assert!(c.admit(1000, Some(5000)).is_err(), "the reserve is bounded");
+        // A reserved call that ends frees its place, not a shared one.
+        c.done(1000, Place::Reserved(77));
+        assert_eq!(c.per_uid[&1000], MAX_CALLS_PER_UID);
+        assert!(c.admit(1000, None).is_err());
+        assert_eq!(c.admit(1000, Some(78)), Ok(Place::Reserved(78)));
+        // Below the bound a Ray-started call takes a shared place.
+        let mut c = Calls::default();
+        assert_eq!(c.admit(1000, Some(77)), Ok(Place::Shared));
+    }
+
+    #[test]
+    fn only_a_child_of_this_runs_raylet_is_started_by_ray() {
+        // pid -> (parent, name): ray start 10, its raylet 11, a worker
+        // 12 (the raylet's child), a task's child 13, a process named
+        // raylet that a job made (20, a child of the worker) and its child
+        // 21, and an orphan named raylet under PID 1 (30) with a child 31.
+        let table = |pid: i32| -> Option<(i32, String)> {
+            let (parent, name) = match pid {
+                10 => (1, "ray"),
+                11 => (10, "raylet"),
+                12 => (11, "podman"),
+                13 => (12, "podman"),
+                20 => (12, "raylet"),
+                21 => (20, "podman"),
+                30 => (1, "raylet"),
+                31 => (30, "podman"),
+                _ => return None,
+            };
+            Some((parent, name.to_string()))
+        };
+        assert!(started_by_ray(12, 10, table));
+        for pid in [10, 11, 13, 21, 31, 99] {
+            assert!(!started_by_ray(pid, 10, table), "{pid}");
+        }
+        // No Ray running: nothing is Ray's.
+        assert!(!started_by_ray(12, 0, table));
+        // The real /proc: this test's process is not Ray's.
+        let me = std::process::id() as i32;
+        let (parent, _) = parent_and_name(me).unwrap();
+        assert_eq!(parent, nix::unistd::getppid().as_raw());
+        assert!(!started_by_ray(me, parent, parent_and_name));
     }
 }

@@ -234,6 +234,7 @@ pub fn run(flags: &Flags) -> Outcome {
         settings: path,
         allowed_uids: vec![me.0, ray.0],
         owner: (ray != me && me.0 == 0).then_some(ray),
+        ray_pid: node.ray_pid(),
     })
     .map_err(|source| Error::StateDir {
         path: cfg.state_dir.join(argus_podman::client::SOCKET),
