@@ -79,9 +79,13 @@ pub struct Calls {
 impl Calls {
     /// Counts a new call of `uid` and returns where, or returns the
     /// one-line refusal when `uid` or the node is at its bound and the
-    /// caller has no reserved place (`ray_started`: the caller's pid when
-    /// this node's Ray started it).
-    pub fn admit(&mut self, uid: u32, ray_started: Option<i32>) -> Result<Place, String> {
+    /// caller has no reserved place (`ray_started`, asked only then: the
+    /// caller's pid when this node's Ray started it).
+    pub fn admit(
+        &mut self,
+        uid: u32,
+        ray_started: impl FnOnce() -> Option<i32>,
+    ) -> Result<Place, String> {
         let mine = self.per_uid.get(&uid).copied().unwrap_or(0);
         let why = if mine >= MAX_CALLS_PER_UID {
             format!(
@@ -94,7 +98,7 @@ impl Calls {
             self.all += 1;
             return Ok(Place::Shared);
         };
-        match ray_started {
+        match ray_started() {
             Some(pid) if self.reserved.len() < RAY_RESERVE && self.reserved.insert(pid) => {
                 Ok(Place::Reserved(pid))
             }
@@ -121,15 +125,78 @@ impl Calls {
 /// Whether `pid` is a process this node's Ray started: its parent is a
 /// process named `raylet` whose parent is `ray start` (`ray`, by pid: the
 /// agent's own child, which no job can make a process a child of; a name
-/// alone anyone can take). `stat` gives a pid's parent and name.
-pub fn started_by_ray(pid: i32, ray: i32, stat: impl Fn(i32) -> Option<(i32, String)>) -> bool {
-    if ray <= 0 {
-        return false;
-    }
+/// alone anyone can take), or its parent is that raylet's runtime_env
+/// agent (`is_agent(parent, raylet)`: it holds the agent's port, which
+/// Ray's agent does and no job's process can while it runs; the agent runs
+/// `podman run --rm` to find the worker in an image before every
+/// `image_uri` worker). `stat` gives a pid's parent and name.
+pub fn started_by_ray(
+    pid: i32,
+    ray: i32,
+    stat: impl Fn(i32) -> Option<(i32, String)>,
+    is_agent: impl Fn(i32, i32) -> bool,
+) -> bool {
+    let raylet =
+        |p: i32| ray > 0 && matches!(stat(p), Some((up, name)) if up == ray && name == "raylet");
     let Some((parent, _)) = stat(pid) else {
         return false;
     };
-    matches!(stat(parent), Some((grand, name)) if grand == ray && name == "raylet")
+    if raylet(parent) {
+        return true;
+    }
+    matches!(stat(parent), Some((up, _)) if raylet(up) && is_agent(parent, up))
+}
+
+/// The runtime_env agent's port on a raylet's command line
+/// (`--runtime_env_agent_port=N`, NUL-separated as in /proc/<pid>/cmdline).
+fn agent_port(cmdline: &[u8]) -> Option<u16> {
+    cmdline
+        .split(|b| *b == 0)
+        .find_map(|a| a.strip_prefix(b"--runtime_env_agent_port="))
+        .and_then(|p| std::str::from_utf8(p).ok()?.parse().ok())
+}
+
+/// The inodes of the sockets listening on `port` in a /proc/net/tcp or
+/// tcp6 table.
+fn listening_inodes(table: &str, port: u16) -> Vec<String> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let local = u16::from_str_radix(f.get(1)?.rsplit_once(':')?.1, 16).ok()?;
+            (local == port && *f.get(3)? == "0A").then(|| f.get(9).map(|i| i.to_string()))?
+        })
+        .collect()
+}
+
+/// Whether `pid` holds a socket listening on the runtime_env agent port
+/// the raylet `raylet` was started with.
+fn is_runtime_env_agent(pid: i32, raylet: i32) -> bool {
+    let Some(port) = std::fs::read(format!("/proc/{raylet}/cmdline"))
+        .ok()
+        .and_then(|c| agent_port(&c))
+    else {
+        return false;
+    };
+    let inodes: Vec<String> = ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok())
+        .flat_map(|t| listening_inodes(&t, port))
+        .collect();
+    if inodes.is_empty() {
+        return false;
+    }
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .any(|l| {
+            l.to_str()
+                .and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']'))
+                .is_some_and(|i| inodes.iter().any(|x| x == i))
+        })
 }
 
 /// A process's parent pid and name (`comm`), from `/proc/<pid>/stat`.
@@ -224,7 +291,9 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
         return;
     }
     let ray = cfg.ray_pid.load(std::sync::atomic::Ordering::Relaxed);
-    let ray_started = (pid > 0 && started_by_ray(pid, ray, parent_and_name)).then_some(pid);
+    let ray_started = || {
+        (pid > 0 && started_by_ray(pid, ray, parent_and_name, is_runtime_env_agent)).then_some(pid)
+    };
     let admitted = lock(live).admit(uid, ray_started);
     let place = match admitted {
         Ok(place) => place,
@@ -565,21 +634,21 @@ mod tests {
     fn calls_are_bounded_per_uid_and_in_all() {
         let mut c = Calls::default();
         for _ in 0..MAX_CALLS_PER_UID {
-            assert_eq!(c.admit(1000, None), Ok(Place::Shared));
+            assert_eq!(c.admit(1000, || None), Ok(Place::Shared));
         }
-        let why = c.admit(1000, None).unwrap_err();
+        let why = c.admit(1000, || None).unwrap_err();
         assert!(why.contains("uid 1000") && !why.contains('\n'), "{why}");
         // Another uid still gets in; one call ended makes room again.
-        assert_eq!(c.admit(0, None), Ok(Place::Shared));
+        assert_eq!(c.admit(0, || None), Ok(Place::Shared));
         c.done(1000, Place::Shared);
-        assert_eq!(c.admit(1000, None), Ok(Place::Shared));
+        assert_eq!(c.admit(1000, || None), Ok(Place::Shared));
         // The node's bound holds over all uids.
         let mut c = Calls::default();
         for uid in 0..MAX_CALLS as u32 {
-            assert_eq!(c.admit(uid, None), Ok(Place::Shared));
+            assert_eq!(c.admit(uid, || None), Ok(Place::Shared));
         }
         assert!(c
-            .admit(u32::MAX, None)
+            .admit(u32::MAX, || None)
             .unwrap_err()
             .contains("already running"));
         for uid in 0..MAX_CALLS as u32 {
@@ -592,28 +661,31 @@ mod tests {
     fn rays_own_calls_have_a_reserve_a_job_at_its_bound_cannot_take() {
         let mut c = Calls::default();
         for _ in 0..MAX_CALLS_PER_UID {
-            c.admit(1000, None).unwrap();
+            c.admit(1000, || None).unwrap();
         }
         // A job's call at the bound: refused. The raylet's child: reserved.
-        assert!(c.admit(1000, None).is_err());
-        assert_eq!(c.admit(1000, Some(77)), Ok(Place::Reserved(77)));
+        assert!(c.admit(1000, || None).is_err());
+        assert_eq!(c.admit(1000, || Some(77)), Ok(Place::Reserved(77)));
         // One place per Ray-started process: its second call is refused.
-        assert!(c.admit(1000, Some(77)).is_err());
+        assert!(c.admit(1000, || Some(77)).is_err());
         for pid in 1..RAY_RESERVE as i32 {
             assert_eq!(
-                c.admit(1000, Some(1000 + pid)),
+                c.admit(1000, || Some(1000 + pid)),
                 Ok(Place::Reserved(1000 + pid))
             );
         }
-        assert!(c.admit(1000, Some(5000)).is_err(), "the reserve is bounded");
+        assert!(
+            c.admit(1000, || Some(5000)).is_err(),
+            "the reserve is bounded"
+        );
         // A reserved call that ends frees its place, not a shared one.
         c.done(1000, Place::Reserved(77));
         assert_eq!(c.per_uid[&1000], MAX_CALLS_PER_UID);
-        assert!(c.admit(1000, None).is_err());
-        assert_eq!(c.admit(1000, Some(78)), Ok(Place::Reserved(78)));
+        assert!(c.admit(1000, || None).is_err());
+        assert_eq!(c.admit(1000, || Some(78)), Ok(Place::Reserved(78)));
         // Below the bound a Ray-started call takes a shared place.
         let mut c = Calls::default();
-        assert_eq!(c.admit(1000, Some(77)), Ok(Place::Shared));
+        assert_eq!(c.admit(1000, || Some(77)), Ok(Place::Shared));
     }
 
     #[test]
@@ -636,16 +708,78 @@ mod tests {
             };
             Some((parent, name.to_string()))
         };
-        assert!(started_by_ray(12, 10, table));
+        let no_agent = |_, _| false;
+        assert!(started_by_ray(12, 10, table, no_agent));
+        // The runtime_env agent's child (the agent is 12 here, the
+        // raylet's child holding the agent's port): Ray's. A worker's
+        // child (13, its parent 12 holds no such port): not.
+        let agent = |p: i32, raylet: i32| p == 12 && raylet == 11;
+        assert!(started_by_ray(13, 10, table, agent));
+        assert!(!started_by_ray(13, 10, table, no_agent));
+        // A port-holder that is no raylet's child lends nothing (21's
+        // parent 20 is named raylet but is the worker's child).
+        assert!(!started_by_ray(21, 10, table, |_, _| true));
         for pid in [10, 11, 13, 21, 31, 99] {
-            assert!(!started_by_ray(pid, 10, table), "{pid}");
+            assert!(!started_by_ray(pid, 10, table, no_agent), "{pid}");
         }
         // No Ray running: nothing is Ray's.
-        assert!(!started_by_ray(12, 0, table));
+        assert!(!started_by_ray(12, 0, table, no_agent));
         // The real /proc: this test's process is not Ray's.
         let me = std::process::id() as i32;
         let (parent, _) = parent_and_name(me).unwrap();
         assert_eq!(parent, nix::unistd::getppid().as_raw());
-        assert!(!started_by_ray(me, parent, parent_and_name));
+        assert!(!started_by_ray(
+            me,
+            parent,
+            parent_and_name,
+            is_runtime_env_agent
+        ));
+    }
+
+    #[test]
+    fn the_agents_port_comes_from_the_raylets_command_line_and_the_listening_table() {
+        let cmdline = b"/x/raylet\0--node_ip_address=1.2.3.4\0--runtime_env_agent_port=54725\0--runtime_env_agent_command=python main.py --runtime-env-agent-port=1\0";
+        assert_eq!(agent_port(cmdline), Some(54725));
+        assert_eq!(agent_port(b"/x/raylet\0--runtime_env_agent_port=x\0"), None);
+        assert_eq!(agent_port(b"/x/raylet\0"), None);
+        // 54725 = 0xD5C5: listening (0A) on it, and an established
+        // connection from it (01) that is not a listener.
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0500A8C0:D5C5 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 4242 1 0 100 0 0 10 0
+   1: 0500A8C0:D5C5 0600A8C0:9C40 01 00000000:00000000 00:00000000 00000000  1000        0 4343 1 0 100 0 0 10 0
+   2: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 4444 1 0 100 0 0 10 0
+";
+        assert_eq!(listening_inodes(table, 54725), vec!["4242".to_string()]);
+        assert_eq!(listening_inodes(table, 8080), vec!["4444".to_string()]);
+        assert!(listening_inodes(table, 1).is_empty());
+        // A process holding a listener on the port named by a raylet's
+        // command line is the agent; this test's own process is not.
+        let me = std::process::id() as i32;
+        assert!(!is_runtime_env_agent(me, me));
+        // For real: a stand-in raylet whose command line names the port
+        // this process listens on; then the listener is gone.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let mut raylet = std::process::Command::new("sh")
+            .args(["-c", "sleep 60", "raylet"])
+            .arg(format!("--runtime_env_agent_port={port}"))
+            .spawn()
+            .unwrap();
+        let r = raylet.id() as i32;
+        // Until the child has exec'd, its command line is this test's.
+        let t0 = std::time::Instant::now();
+        while std::fs::read(format!("/proc/{r}/cmdline"))
+            .ok()
+            .and_then(|c| agent_port(&c))
+            .is_none()
+        {
+            assert!(t0.elapsed() < Duration::from_secs(10), "sh did not start");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(is_runtime_env_agent(me, r));
+        drop(l);
+        assert!(!is_runtime_env_agent(me, r));
+        let _ = raylet.kill();
+        let _ = raylet.wait();
     }
 }
