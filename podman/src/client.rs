@@ -59,8 +59,28 @@ fn call(path: &Path, args: &[String]) -> Result<u8, String> {
             path.display()
         )
     })?;
+    exchange(sock, path, args, set)
+}
+
+/// Sends the call over `sock` (connected to the agent at `path`), relays
+/// the signals of `set`, and returns the agent's exit code.
+fn exchange(sock: UnixStream, path: &Path, args: &[String], set: SigSet) -> Result<u8, String> {
     let lost = |e: std::io::Error| format!("lost the node agent at {}: {e}", path.display());
-    transport::send_fds(&sock, &[0, 1, 2]).map_err(lost)?;
+    // The agent may refuse a call without reading it (a bound reached) and
+    // close: then sending fails, and its one line waits in the socket.
+    let refused = |e: std::io::Error| match transport::recv::<ToClient>(&sock) {
+        Ok(ToClient {
+            code,
+            error: Some(why),
+        }) => {
+            eprintln!("Error: {why}");
+            Ok(code)
+        }
+        _ => Err(lost(e)),
+    };
+    if let Err(e) = transport::send_fds(&sock, &[0, 1, 2]) {
+        return refused(e);
+    }
     let request = Request {
         args: args.to_vec(),
         cwd: std::env::current_dir()
@@ -75,7 +95,9 @@ fn call(path: &Path, args: &[String]) -> Result<u8, String> {
             })
             .collect(),
     };
-    transport::send(&sock, &request).map_err(lost)?;
+    if let Err(e) = transport::send(&sock, &request) {
+        return refused(e);
+    }
     let relay = sock.try_clone().map_err(lost)?;
     std::thread::spawn(move || {
         while let Ok(sig) = set.wait() {
@@ -94,5 +116,33 @@ fn call(path: &Path, args: &[String]) -> Result<u8, String> {
         Err(e) => Err(format!(
             "the node agent ended the call without an exit code ({e})"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_refused_before_it_was_read_gets_the_refusal_not_a_broken_pipe() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(SOCKET);
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let sock = UnixStream::connect(&path).unwrap();
+        // The broker at its bound: one line, then the connection closed
+        // unread, all before the client sends anything (its first write
+        // then fails: EPIPE).
+        let (conn, _) = listener.accept().unwrap();
+        transport::send(
+            &conn,
+            &ToClient {
+                code: 125,
+                error: Some("512 podman calls of uid 1000 are already running".into()),
+            },
+        )
+        .unwrap();
+        drop(conn);
+        let code = exchange(sock, &path, &["ps".to_string()], SigSet::empty());
+        assert_eq!(code, Ok(125));
     }
 }
