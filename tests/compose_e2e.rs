@@ -262,6 +262,8 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
         (Some(42), Some("stub-b"))
     );
 
+    ray_starts_engines_while_a_job_holds_every_podman_place(&c, &engine_image("stub-b"));
+
     jobs_reach_no_docker_daemon(&c, &engine_image("stub-b"));
 
     // SIGKILL of the Ray worker (the shim process) -> its engine container goes.
@@ -1017,6 +1019,128 @@ print(json.dumps(ray.get(actor.incr.remote(), timeout=60)))
 /// processes, podman with `DOCKER_HOST`/shim settings in its environment,
 /// symlinks and `..` in binds); none gets an answer. The control: the same
 /// program as root in a worker (`docker exec`) does.
+/// R-SEC-5: a job holding every podman place of the Ray user on worker-1
+/// (600 `podman logs -f` calls: 512 held, the rest refused) does not stop
+/// another job's `image_uri` task from starting there: the raylet's worker
+/// start and its runtime_env agent's image probe take the reserve. Control:
+/// the job's own next call is refused at the bound meanwhile.
+fn ray_starts_engines_while_a_job_holds_every_podman_place(c: &Cluster, image: &str) {
+    let worker = c.container("worker-1");
+    let held = podman_as_ray(
+        &worker,
+        &["run", "-d", "--entrypoint", "sleep", image, "600"],
+    );
+    let target = String::from_utf8_lossy(&held.stdout).trim().to_string();
+    assert!(
+        held.status.success() && !target.is_empty(),
+        "the job's own container: {}",
+        String::from_utf8_lossy(&held.stderr)
+    );
+    run(Command::new("docker").args([
+        "exec",
+        "-d",
+        "-u",
+        "ray",
+        &worker,
+        "sh",
+        "-c",
+        &format!("for i in $(seq 600); do podman logs -f {target} >/dev/null 2>&1 & done; wait"),
+    ]));
+    let t0 = Instant::now();
+    let handlers = || {
+        let o = output(Command::new("docker").args([
+            "exec",
+            &worker,
+            "pgrep",
+            "-c",
+            "-f",
+            "__shim-handler",
+        ]));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let mut seen = Vec::new();
+    let refusal = loop {
+        let o = podman_as_ray(&worker, &["ps", "-q"]);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        if o.status.code() == Some(125) && err.contains("podman calls of uid") {
+            break err;
+        }
+        seen.push(format!(
+            "{:.0}s: {:?} {} ({} handlers)",
+            t0.elapsed().as_secs_f64(),
+            o.status.code(),
+            err.trim(),
+            handlers()
+        ));
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "R-SEC-5 control: 600 held calls never filled the Ray user's places: {}",
+            seen[seen.len().saturating_sub(6)..].join("; ")
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    log(&format!(
+        "R-SEC-5: the job holds every place after {:.1} s; its next call: {}",
+        t0.elapsed().as_secs_f64(),
+        refusal.trim()
+    ));
+    let script = format!(
+        r#"
+import json, os, socket, sys, time
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ip = socket.gethostbyname(socket.gethostname())
+ray.init(address=f"{{ip}}:{{os.environ.get('ARGUS_RAY_PORT', '6379')}}", log_to_driver=False)
+node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == "{ip}")
+
+@ray.remote(runtime_env={{"image_uri": "{image}"}}, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+def task():
+    from serve.engine_info import engine_info
+    return engine_info()
+
+t0 = time.time()
+info = ray.get(task.remote(), timeout=90)
+info["took"] = time.time() - t0
+print(json.dumps(info))
+"#,
+        ip = c.ip("worker-1")
+    );
+    let out = output(Command::new("docker").args([
+        "exec",
+        "-u",
+        "ray",
+        &c.container("head"),
+        "timeout",
+        "150",
+        "python",
+        "-c",
+        &script,
+    ]));
+    // The held calls end with their container, whatever the verdict.
+    run(Command::new("docker").args(["rm", "-f", &target]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "R-SEC-5: another job's image_uri task on worker-1 did not start while a job held every podman place\n--- stdout\n{stdout}\n--- stderr\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    log(&format!(
+        "R-SEC-5: image_uri task on worker-1 beside 512 held calls: answered in {:.1} s ({})",
+        r["took"].as_f64().unwrap_or(f64::NAN),
+        r["version"]
+    ));
+    let t0 = Instant::now();
+    while !podman_as_ray(&worker, &["ps", "-q"]).status.success() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the held calls did not end with their container"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 fn jobs_reach_no_docker_daemon(c: &Cluster, image: &str) {
     let attack = include_str!("fixtures/attack/reach_docker.py");
     let report = |o: &Output, who: &str| -> Value {

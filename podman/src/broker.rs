@@ -187,16 +187,48 @@ fn is_runtime_env_agent(pid: i32, raylet: i32) -> bool {
     if inodes.is_empty() {
         return false;
     }
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .any(|l| {
-            l.to_str()
-                .and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']'))
-                .is_some_and(|i| inodes.iter().any(|x| x == i))
+    socket_inodes_of(pid).is_some_and(|held| held.iter().any(|i| inodes.contains(i)))
+}
+
+/// The inodes of the sockets `pid` holds. Reading another user's
+/// descriptor links takes CAP_SYS_PTRACE, which the node container does
+/// not have, or the same file-system identity as the process: so the links
+/// are read on a thread of its own that takes the process's uid and gid as
+/// its fsuid and fsgid (per thread; the thread ends with the read).
+fn socket_inodes_of(pid: i32) -> Option<Vec<String>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let id = |key: &str| -> Option<u32> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    let (uid, gid) = (id("Uid:")?, id("Gid:")?);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: plain numbers; the identity is this thread's alone.
+            unsafe {
+                libc::setfsgid(gid);
+                libc::setfsuid(uid);
+            }
+            let links = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+            Some(
+                links
+                    .flatten()
+                    .filter_map(|e| std::fs::read_link(e.path()).ok())
+                    .filter_map(|l| {
+                        let l = l.to_str()?;
+                        Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                    })
+                    .collect(),
+            )
         })
+        .join()
+        .ok()?
+    })
 }
 
 /// A process's parent pid and name (`comm`), from `/proc/<pid>/stat`.
