@@ -48,9 +48,9 @@ pub const MAX_CALLS_PER_UID: usize = 512;
 /// How many podman calls may run at once on one node, all uids together.
 pub const MAX_CALLS: usize = 1024;
 
-/// Places kept for the processes this node's Ray started (a direct child
-/// of its raylet: a container worker's `podman run`, the runtime_env
-/// agent's calls) once their uid is at [`MAX_CALLS_PER_UID`] or the node
+/// Places kept for the calls this node's Ray makes itself (a direct child
+/// of its raylet: a container worker's `podman run`; or of its
+/// runtime_env agent: the image probe before such a worker) once their uid is at [`MAX_CALLS_PER_UID`] or the node
 /// at [`MAX_CALLS`], at most one per process: a job that holds every
 /// ordinary place with its own calls (they all run as the Ray user) does
 /// not stop the raylet from starting another job's container workers or
@@ -208,7 +208,9 @@ fn socket_inodes_of(pid: i32) -> Option<Vec<String>> {
     };
     let (uid, gid) = (id("Uid:")?, id("Gid:")?);
     std::thread::scope(|s| {
-        s.spawn(|| {
+        // A thread that cannot start is no proof: not Ray's (never a
+        // panic on PID 1's broker thread).
+        let reader = std::thread::Builder::new().spawn_scoped(s, || {
             // SAFETY: plain numbers; the identity is this thread's alone.
             unsafe {
                 libc::setfsgid(gid);
@@ -225,9 +227,8 @@ fn socket_inodes_of(pid: i32) -> Option<Vec<String>> {
                     })
                     .collect(),
             )
-        })
-        .join()
-        .ok()?
+        });
+        reader.ok()?.join().ok()?
     })
 }
 
