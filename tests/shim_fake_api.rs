@@ -201,10 +201,12 @@ fn ray_worker_command_creates_a_sibling_in_the_ray_containers_namespaces() {
     let me = fixture_inspect();
     let id = me["Id"].as_str().unwrap();
     // Ray's worker prefix, without a shell ($RAY_JOB_ID and quotes intact),
-    // detached so the fake needs no attach.
-    let o = fake.podman(&[
+    // attached as Ray runs it: the fake has no attach endpoint, so the call
+    // ends after its create (which is what this test reads). Detached, a
+    // container in the Ray container's namespaces is refused before any
+    // create (R-SEC-9: it would outlive its call).
+    let worker_args = [
         "run",
-        "-d",
         "-v",
         "/tmp/ray:/tmp/ray",
         "--cgroup-manager=cgroupfs",
@@ -226,14 +228,14 @@ fn ray_worker_command_creates_a_sibling_in_the_ray_containers_namespaces() {
         "fake.registry/ray:2.53.0",
         "/ray/default_worker.py",
         "--startup-token=1",
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    assert_eq!(
-        stdout(&o).trim(),
-        CREATED_ID,
-        "-d prints the full id: {}",
-        show(&o)
-    );
+    ];
+    let detached = FakeDocker::start();
+    let mut with_d = vec!["run", "-d"];
+    with_d.extend(&worker_args[1..]);
+    let refused = detached.podman(&with_d);
+    assert_eq!(refused.status.code(), Some(125), "{}", show(&refused));
+    assert!(detached.creates().is_empty(), "-d reached create");
+    let o = fake.podman(&worker_args);
     // Ray's own --cgroup-manager is accepted without a word on the job's
     // stderr (Ray copies it to every driver's console).
     assert!(!stderr(&o).contains("--cgroup-manager"), "{}", show(&o));
@@ -279,14 +281,10 @@ fn ray_worker_command_creates_a_sibling_in_the_ray_containers_namespaces() {
     assert!(env.contains(&"RAY_JOB_ID=05000000".to_string()), "{env:?}");
     assert_eq!(body["Labels"]["io.argus.shim.owner"], id);
     assert!(
-        body["Labels"].get("io.argus.shim.pid").is_none(),
-        "detached runs carry no shim pid"
+        body["Labels"].get("io.argus.shim.pid").is_some(),
+        "an attached run carries its shim's pid (the janitor's tie to the call)"
     );
-    assert_eq!(body["AttachStdout"], false);
-    assert!(fake
-        .requests()
-        .iter()
-        .any(|r| r.path == format!("/containers/{CREATED_ID}/start")));
+    assert_eq!(body["AttachStdout"], true);
     assert!(
         fake.requests().iter().any(|r| r.path == "/info"),
         "--runtime is checked against /info"
@@ -744,13 +742,15 @@ fn allowed_flags_together_reach_a_create_call_inside_the_policy() {
     let fake = FakeDocker::start();
     let my_id = fixture_inspect()["Id"].as_str().unwrap().to_string();
     let pool = flag_pool();
-    let mut args = vec!["run", "-d"];
+    // Attached: the allowed half shares the Ray container's namespaces,
+    // which a detached run may not (R-SEC-9). The fake has no attach
+    // endpoint: the call ends after its create, which is what is judged.
+    let mut args = vec!["run"];
     for p in &pool[..ALLOWED_GROUPS] {
         args.extend(p.iter().map(String::as_str));
     }
     args.push("img");
     let o = fake.podman(&args);
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let creates = fake.creates();
     assert_eq!(creates.len(), 1, "{}", show(&o));
     assert_eq!(
