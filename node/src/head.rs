@@ -479,8 +479,17 @@ impl Node<HeadRole> {
         if r.serving || a.asked < r.started || a.probe != Probe::Accepts {
             return;
         }
+        let first = !r.gcs_accepts;
         r.gcs_accepts = true;
         r.raylet_up |= a.raylet;
+        if first && !r.raylet_up {
+            // The status says what is awaited now (a slow `ray start` can
+            // take long to start its raylet after the GCS).
+            self.set_state(
+                NodeState::RayStarting,
+                "the GCS accepts connections; waiting for the head's raylet".into(),
+            );
+        }
     }
 
     /// Standby: adds a probe of the holder's GCS to the evidence; a refusal
