@@ -17,10 +17,14 @@
 //!   actor reaper kills nothing that serves);
 //! - roll: scripts/roll-cluster.sh replaces both workers and then the head
 //!   with a new image tag, one at a time;
+//! - upgrade: `serve deploy` of the endpoint in another engine image whose
+//!   replicas take 8 s to start (a cold start); the node image's Serve rolls
+//!   it start-first (R-SERVE-7: a new replica runs before an old one stops),
+//!   so no POST waits more than twice the steady p99;
 //! - after: the baseline again.
 //!
-//! Every request is counted; the stop, roll and after phases must have 0
-//! failed. Figures (per phase: sent, failed by status, p50, p99; each
+//! Every request is counted; the stop, roll, upgrade and after phases must
+//! have 0 failed. Figures (per phase: sent, failed by status, p50, p99; each
 //! drain's duration) are printed.
 
 use std::collections::BTreeMap;
@@ -40,8 +44,10 @@ use serde_json::Value;
 const APP: &str = "drain";
 const REPLICAS: u32 = 4;
 const POST_DELAY_S: f64 = 1.5;
+/// The upgraded version's cold start.
+const UPGRADE_START_DELAY_S: f64 = 8.0;
 
-fn serve_config(c: &Cluster) -> String {
+fn serve_config(c: &Cluster, engine: &str, start_delay_s: f64) -> String {
     format!(
         r#"proxy_location: EveryNode
 http_options:
@@ -59,6 +65,7 @@ applications:
       model: stub
       model_path: /models
       post_delay_s: {POST_DELAY_S}
+      start_delay_s: {start_delay_s}
     deployments:
       - name: EngineStub
         num_replicas: {REPLICAS}
@@ -68,12 +75,12 @@ applications:
           resources:
             worker_node: 1
 "#,
-        image = engine_image("stub-a"),
+        image = engine_image(engine),
         cache = c.model_cache.display(),
     )
 }
 
-fn deploy(c: &Cluster) {
+fn deploy(c: &Cluster, engine: &str, start_delay_s: f64) {
     let out = with_stdin(
         &[
             "exec",
@@ -89,7 +96,7 @@ fn deploy(c: &Cluster) {
             "http://127.0.0.1:8265",
             "-",
         ],
-        &serve_config(c),
+        &serve_config(c, engine, start_delay_s),
     );
     assert!(
         out.status.success(),
@@ -269,7 +276,7 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
     c.wait_nodes("three nodes alive", Duration::from_secs(300), |n| {
         n.len() == 3
     });
-    deploy(&c);
+    deploy(&c, "stub-a", 0.0);
     c.wait_serve_running(&[(APP, REPLICAS)], Duration::from_secs(400));
     wait_lb_serves(&serve_port);
 
@@ -391,6 +398,18 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
     wait_whole(&c, "after the roll");
     wait_answers(&work, 10, Duration::from_secs(120));
 
+    // A start-first upgrade to another engine image with a cold start.
+    set_phase(&work, "upgrade");
+    let t = Instant::now();
+    deploy(&c, "stub-b", UPGRADE_START_DELAY_S);
+    wait_engines_of(&engine_image("stub-b"), &engine_image("stub-a"));
+    wait_whole(&c, "after the upgrade");
+    log(&format!(
+        "upgrade to stub-b ({REPLICAS} replicas, {UPGRADE_START_DELAY_S} s cold start each) took {:.1} s",
+        t.elapsed().as_secs_f64()
+    ));
+    wait_answers(&work, 10, Duration::from_secs(120));
+
     set_phase(&work, "after");
     wait_answers(&work, 40, Duration::from_secs(300));
     std::fs::write(work.join("stop"), "").unwrap();
@@ -423,6 +442,17 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
             .unwrap_or_default(),
         0.99,
     );
+    // R-SERVE-7: the upgrade keeps a replica serving in every slot.
+    if let Some(rs) = phases.get("upgrade") {
+        for r in rs.iter().filter(|r| r[1] == "POST" && r[4] == 200) {
+            let took = r[3].as_f64().unwrap_or(0.0);
+            if took > 2.0 * steady_p99 {
+                bad.push(format!(
+                    "upgrade: a POST waited {took:.2} s, over twice the steady p99 ({steady_p99:.2} s): {r}"
+                ));
+            }
+        }
+    }
     for (phase, rs) in &phases {
         let mut failed: BTreeMap<String, usize> = BTreeMap::new();
         for r in rs.iter().filter(|r| r[4] != 200) {
@@ -462,6 +492,35 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
         bad.len(),
         bad.iter().take(40).cloned().collect::<Vec<_>>().join("\n")
     );
+}
+
+/// Waits until the shim runs REPLICAS engine containers of `new` and none
+/// of `old` (the load clients' container is not the shim's).
+fn wait_engines_of(new: &str, old: &str) {
+    let engines = |image: &str| {
+        run(Command::new("docker").args([
+            "ps",
+            "-q",
+            "--filter",
+            &format!("ancestor={image}"),
+            "--filter",
+            "label=io.argus.shim.owner",
+        ]))
+        .split_whitespace()
+        .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let (n, o) = (engines(new), engines(old));
+        if n == REPLICAS as usize && o == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the upgrade did not end in 300 s: {n} engine containers of {new}, {o} of {old}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
 
 fn now_epoch() -> f64 {

@@ -26,10 +26,12 @@
 //! Then the upgrade: clients POST chat completions to both endpoints in a
 //! loop (tests/fixtures/openai_load.py, no retries) while A is moved to vLLM
 //! 0.13.0 by a new `serve deploy` of the same file with A's image and module
-//! changed. B must lose 0 requests; A must answer from the new image
-//! afterwards (its header), and its old engine container must be gone. A's
-//! own failures during the switch are printed (Serve starts the new replica
-//! before it stops the old one).
+//! changed. Neither endpoint may lose a request; A must answer from the new
+//! image afterwards (its header), and its old engine container must be
+//! gone. The node image's Serve rolls the upgrade start-first (the new
+//! replica runs before the old one stops; Ray 2.53 alone stops first and A
+//! then answers nothing for a whole cold start, 48 s here): no call to A
+//! may wait more than twice its steady p99 or B's longest wait meanwhile.
 //!
 //! Last, the drain: clients stream chat completions (96 tokens each) from
 //! both endpoints while the worker that runs A's engine is stopped with
@@ -357,6 +359,64 @@ fn epoch_of(ts: &str) -> f64 {
     out.trim()
         .parse()
         .unwrap_or_else(|e| panic!("date -d {ts}: {out} ({e})"))
+}
+
+/// How long the clients waited around A's upgrade (load result's calls:
+/// [name, start, end, ok]).
+struct Waits {
+    /// A's p99 of the calls answered before the upgrade's deploy.
+    a_steady_p99: f64,
+    /// The longest call to A answered after the deploy.
+    a_max: f64,
+    /// The longest call to B answered after the deploy (B is not upgraded:
+    /// what the two cores shared with A's cold start cost meanwhile).
+    b_max: f64,
+}
+
+impl Waits {
+    /// The most a call to A may wait: start-first, A's old replica serves
+    /// until the new one runs, so A waits no longer than twice its steady
+    /// p99 or than B waits beside the cold start (on 2 cores an engine's
+    /// start slows every answer), whichever is longer. A stop-first roll
+    /// makes a call wait the whole cold start.
+    fn bound(&self) -> f64 {
+        2.0 * self.a_steady_p99.max(self.b_max)
+    }
+}
+
+impl std::fmt::Display for Waits {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(
+            f,
+            "A steady p99 {:.2} s, A max after the deploy {:.2} s, B max meanwhile {:.2} s",
+            self.a_steady_p99, self.a_max, self.b_max
+        )
+    }
+}
+
+fn upgrade_waits(result: &Value, deploy_at: f64) -> Waits {
+    let calls = result["calls"].as_array().cloned().unwrap_or_default();
+    let took = |name: &str, after: bool| -> Vec<f64> {
+        let mut v: Vec<f64> = calls
+            .iter()
+            .filter(|c| c[0] == name && c[3] == json!(true))
+            .filter_map(|c| Some((c[1].as_f64()?, c[2].as_f64()?)))
+            .filter(|(_, end)| (*end > deploy_at) == after)
+            .map(|(start, end)| end - start)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let steady = took("a", false);
+    let p99 = steady
+        .get(((steady.len() as f64 - 1.0) * 0.99).round().max(0.0) as usize)
+        .copied()
+        .unwrap_or(0.0);
+    Waits {
+        a_steady_p99: p99,
+        a_max: took("a", true).last().copied().unwrap_or(0.0),
+        b_max: took("b", true).last().copied().unwrap_or(0.0),
+    }
 }
 
 fn now_epoch() -> f64 {
@@ -767,6 +827,22 @@ fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_wit
         result["a"], result["b"]
     ));
     let (a, b) = (&result["a"], &result["b"]);
+    let waits = upgrade_waits(&result, deploy_at);
+    log(&format!(
+        "waits around the upgrade of A (start-first): {waits}"
+    ));
+    assert!(
+        waits.a_max <= waits.bound(),
+        "a request to A waited {:.2} s during its upgrade, over the bound {:.2} s \
+         (twice A's steady p99 or B's longest wait meanwhile, whichever is longer): a stop-first roll? {waits}",
+        waits.a_max,
+        waits.bound()
+    );
+    assert_eq!(
+        a["failed"],
+        json!(0),
+        "endpoint A lost requests during its own upgrade: {a}"
+    );
     assert_eq!(
         b["failed"],
         json!(0),

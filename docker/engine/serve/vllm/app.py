@@ -12,6 +12,7 @@ the deployment (docker/serve/*.yaml).
 
 import asyncio
 import os
+import time
 
 from ray import serve
 
@@ -40,7 +41,16 @@ def _model_files(path):
 
 @serve.deployment
 class EngineStub:
-    def __init__(self, model: str = "stub", model_path: str = None, post_delay_s: float = 0):
+    def __init__(
+        self,
+        model: str = "stub",
+        model_path: str = None,
+        post_delay_s: float = 0,
+        start_delay_s: float = 0,
+    ):
+        # A replica starts this long after its constructor is called, as an
+        # engine loading its model does (the upgrade tests' cold start).
+        time.sleep(float(start_delay_s or 0))
         self.model = model
         self.model_path = model_path
         # A POST takes this long, as an LLM answer does (the drain tests'
@@ -62,10 +72,11 @@ class EngineStub:
 
 def app_builder(args: dict):
     """Returns the Serve application for ``args`` (``{"model": ...,
-    "model_path": ..., "post_delay_s": ...}``)."""
+    "model_path": ..., "post_delay_s": ..., "start_delay_s": ...}``)."""
     args = args or {}
     return EngineStub.bind(
         model=args.get("model", "stub"),
         model_path=args.get("model_path"),
         post_delay_s=args.get("post_delay_s", 0),
+        start_delay_s=args.get("start_delay_s", 0),
     )

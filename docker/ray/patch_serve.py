@@ -1,0 +1,437 @@
+#!/usr/bin/env python
+"""Patches Ray 2.53's Serve controller: drained nodes seen, and start-first
+upgrades. Applied to the installed Ray at the node image's build
+(Dockerfile.node; the controller runs on the head), then tested there
+(``--test``).
+
+Draining (docs/serve.md "Taking a node out"):
+1. Serve moves replicas off a node that Ray is draining (it starts a
+   replacement elsewhere, then stops the old replica gracefully), but in Ray
+   2.53 ``DefaultClusterNodeInfoCache.get_draining_nodes()`` returns ``{}``,
+   so Serve never sees a drained node. Upstream fixed this after 2.53
+   (ray-project/ray PR #65502) by asking the GCS; so does this patch: the
+   cache reads the draining nodes from the GCS once per controller loop
+   (``ray._private.state.state.get_draining_nodes()``, the call the fix
+   uses) and returns them.
+2. With drained nodes seen, the controller also removes a draining node
+   from the proxy nodes at once (``ServeController._update_proxy_nodes``),
+   even while its replicas are still being replaced; its proxy then fails
+   its health check, and when that node is the only one serving, the load
+   balancer has no server until the replacements run elsewhere. This patch
+   keeps the proxy of a node that still holds replicas (Serve's own
+   ``get_active_node_ids`` counts replicas pending migration); once they
+   are gone, the proxy drains and stops as upstream's does.
+
+Start-first upgrades (docs/serve.md "Upgrading an endpoint"):
+3. A change that restarts replicas (engine image, code, args, actor options)
+   rolls stop-first in Ray 2.53: ``_check_and_stop_outdated_version_replicas``
+   stops max(1, 20 %) of the old replicas, and only then does
+   ``scale_deployment_replicas`` start as many new ones, so a one-replica
+   endpoint answers nothing for a whole cold start (requests wait in the
+   proxies). Upstream's start-before-stop (``max_surge_percent``) is an
+   unmerged draft (ray-project/ray PR #66267). This patch rolls start-first:
+   up to max(1, 20 %) new replicas start beyond the target, and an old
+   replica that serves stops only when a new one runs in its place. Old
+   replicas still starting stop at once; a scale-down during an upgrade and
+   lightweight (reconfigure-only) updates keep upstream's behaviour. When
+   the new replica cannot start (no room beside the old ones: no free GPU),
+   the upgrade waits, Serve's status says which resources it waits for, and
+   the controller logs it; with ``ARGUS_SERVE_STOP_FIRST_AFTER_S`` set in
+   the head's environment, an upgrade whose new replica has not run for
+   that many seconds falls back to stop-first for that step.
+
+    python patch_serve.py            # patch the installed Ray
+    python patch_serve.py --test     # check the patched behaviour
+
+Both fail, naming the file, when Ray's source is not the expected one.
+"""
+
+import argparse
+import os
+import sys
+import types
+
+MARK = "# argus: patch_serve"
+
+PATCHES = {
+    "serve/_private/cluster_node_info_cache.py": [
+        (
+            """        self._cached_available_resources_per_node = (
+            ray._private.state.available_resources_per_node()
+        )
+""",
+            """        self._cached_available_resources_per_node = (
+            ray._private.state.available_resources_per_node()
+        )
+        %s (ray-project/ray PR #65502)
+        self._argus_draining_nodes = ray._private.state.state.get_draining_nodes()
+"""
+            % MARK,
+        ),
+        (
+            """class DefaultClusterNodeInfoCache(ClusterNodeInfoCache):
+    def __init__(self, gcs_client: GcsClient):
+        super().__init__(gcs_client)
+
+    def get_draining_nodes(self) -> Dict[str, int]:
+        return dict()
+""",
+            """class DefaultClusterNodeInfoCache(ClusterNodeInfoCache):
+    def __init__(self, gcs_client: GcsClient):
+        super().__init__(gcs_client)
+
+    def get_draining_nodes(self) -> Dict[str, int]:
+        %s: the nodes the GCS drains, as of the last update()
+        return dict(getattr(self, "_argus_draining_nodes", None) or {})
+"""
+            % MARK,
+        ),
+    ],
+    "serve/_private/controller.py": [
+        (
+            """        new_proxy_nodes = self.deployment_state_manager.get_active_node_ids()
+        new_proxy_nodes = new_proxy_nodes - set(
+            self.cluster_node_info_cache.get_draining_nodes()
+        )
+""",
+            """        new_proxy_nodes = self.deployment_state_manager.get_active_node_ids()
+        %s: a draining node keeps its proxy while it holds
+        # replicas (active node ids count those pending migration), so the
+        # load balancer keeps a server until the replacements run elsewhere.
+"""
+            % MARK,
+        ),
+    ],
+    "serve/_private/deployment_state.py": [
+        (
+            """class ReplicaStateContainer:
+""",
+            """%s: start-first upgrades. Pure decisions; the
+# DeploymentState methods below apply them.
+def _argus_start_first(target, old_restart, old_active):
+    \"\"\"Whether an update rolls start-first: replicas of an old version must
+    restart, and the deployment is not scaling down past them (upstream's
+    rules then: scale down first).\"\"\"
+    return target > 0 and old_restart > 0 and old_active <= target
+
+
+def _argus_surge_delta(target, current, recovering, new_active):
+    \"\"\"Replicas to start in a start-first update: up to the target in the
+    new version, at most max(1, 20 %%) beyond the target at once; never
+    negative (the extra replicas are old ones, stopped as new ones run).\"\"\"
+    rollout = max(int(0.2 * target), 1)
+    return max(
+        0,
+        min(target - new_active - recovering, target + rollout - current - recovering),
+    )
+
+
+def _argus_stop_budget(target, new_running, old_serving):
+    \"\"\"Serving old replicas that may stop now: those beyond the target,
+    counting the new version's running replicas.\"\"\"
+    return max(0, new_running + old_serving - target)
+
+
+class ReplicaStateContainer:
+"""
+            % MARK,
+        ),
+        (
+            """    def _stop_or_update_outdated_version_replicas(self, max_to_stop=math.inf) -> bool:
+""",
+            """    def _stop_or_update_outdated_version_replicas(
+        self, max_to_stop=math.inf, max_serving_stops=math.inf
+    ) -> bool:  %s: max_serving_stops bounds the old replicas that serve
+"""
+            % MARK,
+        ),
+        (
+            """        reconfigure_changes = 0
+        for replica in replicas_to_update:
+            if (code_version_changes + reconfigure_changes) >= max_to_stop:
+                self._replicas.add(replica.actor_details.state, replica)
+""",
+            """        reconfigure_changes = 0
+        serving_stops = 0
+        for replica in replicas_to_update:
+            if (code_version_changes + reconfigure_changes) >= max_to_stop:
+                self._replicas.add(replica.actor_details.state, replica)
+            elif (
+                replica.actor_details.state != ReplicaState.STARTING
+                and serving_stops >= max_serving_stops
+                and replica.version.requires_actor_restart(self._target_state.version)
+            ):
+                %s: start-first: it serves until a new one runs
+                self._replicas.add(replica.actor_details.state, replica)
+"""
+            % MARK,
+        ),
+        (
+            """                code_version_changes += 1
+                # If the replica is still `STARTING`, we don't need to go through the
+""",
+            """                code_version_changes += 1
+                serving_stops += replica.actor_details.state != ReplicaState.STARTING
+                # If the replica is still `STARTING`, we don't need to go through the
+""",
+        ),
+        (
+            """        max_to_stop = max(rollout_size - pending_replicas, 0)
+
+        return self._stop_or_update_outdated_version_replicas(max_to_stop)
+""",
+            """        max_to_stop = max(rollout_size - pending_replicas, 0)
+
+        if self._argus_rolls_start_first():  %s
+            old_serving = self._replicas.count(
+                exclude_version=self._target_state.version,
+                states=[
+                    ReplicaState.UPDATING,
+                    ReplicaState.RUNNING,
+                    ReplicaState.PENDING_MIGRATION,
+                ],
+            )
+            return self._stop_or_update_outdated_version_replicas(
+                max_to_stop,
+                _argus_stop_budget(
+                    self._target_state.target_num_replicas,
+                    new_running_replicas,
+                    old_serving,
+                ),
+            )
+        return self._stop_or_update_outdated_version_replicas(max_to_stop)
+
+    def _argus_rolls_start_first(self) -> bool:
+        %s: whether this step of an update rolls
+        # start-first, and the log lines of one that waits for room.
+        version = self._target_state.version
+        target = self._target_state.target_num_replicas
+        old = [
+            r
+            for r in self._replicas.get(
+                states=[
+                    ReplicaState.STARTING,
+                    ReplicaState.UPDATING,
+                    ReplicaState.RUNNING,
+                    ReplicaState.PENDING_MIGRATION,
+                ]
+            )
+            if r.version != version
+        ]
+        restart = sum(1 for r in old if r.version.requires_actor_restart(version))
+        if not _argus_start_first(target, restart, len(old)):
+            self._argus_wait = None
+            return False
+        new_running = self._replicas.count(version=version, states=[ReplicaState.RUNNING])
+        now = time.time()
+        wait = getattr(self, "_argus_wait", None)
+        if wait is None or wait[0] != new_running:
+            # (new replicas running, since, warned, fell back)
+            wait = self._argus_wait = [new_running, now, False, False]
+        waited = now - wait[1]
+        try:
+            after = float(os.environ.get("ARGUS_SERVE_STOP_FIRST_AFTER_S") or "inf")
+        except ValueError:
+            after = math.inf
+        if waited >= after:
+            if not wait[3]:
+                wait[3] = True
+                logger.warning(
+                    f"argus: the start-first upgrade of {self._id} has had no new "
+                    f"replica running for {waited:.0f} s; stopping an old replica "
+                    "first (ARGUS_SERVE_STOP_FIRST_AFTER_S)."
+                )
+            return False
+        if waited >= 30 and not wait[2]:
+            wait[2] = True
+            logger.warning(
+                f"argus: the start-first upgrade of {self._id} has waited {waited:.0f} s "
+                "for a new replica to run beside the old ones (no room for it? "
+                "`serve status` says which resources it waits for); the old replicas "
+                "keep serving. Set ARGUS_SERVE_STOP_FIRST_AFTER_S on the head to stop "
+                "an old replica first after that long."
+            )
+        return True
+"""
+            % (MARK, MARK),
+        ),
+        (
+            """        delta_replicas = (
+            self._target_state.target_num_replicas
+            - current_replicas
+            - recovering_replicas
+        )
+        if delta_replicas == 0:
+""",
+            """        delta_replicas = (
+            self._target_state.target_num_replicas
+            - current_replicas
+            - recovering_replicas
+        )
+        if self._argus_rolls_start_first():  %s
+            delta_replicas = _argus_surge_delta(
+                self._target_state.target_num_replicas,
+                current_replicas,
+                recovering_replicas,
+                self._replicas.count(
+                    version=self._target_state.version,
+                    states=[
+                        ReplicaState.STARTING,
+                        ReplicaState.UPDATING,
+                        ReplicaState.RUNNING,
+                    ],
+                ),
+            )
+        if delta_replicas == 0:
+"""
+            % MARK,
+        ),
+    ],
+}
+
+
+def ray_root():
+    import ray
+
+    return os.path.dirname(ray.__file__)
+
+
+def apply():
+    root = ray_root()
+    for rel, subs in PATCHES.items():
+        path = os.path.join(root, rel)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if MARK in text:
+            print(f"patch_serve: {rel} already patched")
+            continue
+        for old, new in subs:
+            n = text.count(old)
+            if n != 1:
+                sys.exit(f"patch_serve: {path}: expected source found {n} times, not once "
+                         f"(not Ray 2.53.0's?):\n{old}")
+            text = text.replace(old, new)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        # Stale bytecode would run the unpatched code.
+        cache = os.path.join(os.path.dirname(path), "__pycache__")
+        base = os.path.splitext(os.path.basename(path))[0] + "."
+        for name in os.listdir(cache) if os.path.isdir(cache) else []:
+            if name.startswith(base):
+                os.remove(os.path.join(cache, name))
+        print(f"patch_serve: patched {rel}")
+
+
+def test():
+    """Exercises the patched code with stand-ins for the GCS."""
+    import ray._private.state as state
+    from ray.serve._private.cluster_node_info_cache import DefaultClusterNodeInfoCache
+    from ray.serve._private.controller import ServeController
+
+    class Gcs:
+        def get_all_node_info(self, timeout=None):
+            return {}
+
+    draining = {"a" * 56: 1234}
+    saved = (state.available_resources_per_node, state.state.get_draining_nodes)
+    state.available_resources_per_node = lambda: {}
+    state.state.get_draining_nodes = lambda: dict(draining)
+    try:
+        cache = DefaultClusterNodeInfoCache(Gcs())
+        assert cache.get_draining_nodes() == {}, "no update yet: nothing draining"
+        cache.update()
+        got = cache.get_draining_nodes()
+        assert got == draining, f"the cache does not report the GCS's draining nodes: {got}"
+    finally:
+        state.available_resources_per_node, state.state.get_draining_nodes = saved
+
+    fake = types.SimpleNamespace(
+        deployment_state_manager=types.SimpleNamespace(get_active_node_ids=lambda: {"w1", "w2"}),
+        cluster_node_info_cache=types.SimpleNamespace(get_draining_nodes=lambda: {"w2": 1}),
+        _controller_node_id="head",
+    )
+    ServeController._update_proxy_nodes(fake)
+    assert fake._proxy_nodes == {"w1", "w2", "head"}, (
+        f"a draining node with replicas lost its proxy: {fake._proxy_nodes}")
+    fake.deployment_state_manager.get_active_node_ids = lambda: {"w1"}
+    ServeController._update_proxy_nodes(fake)
+    assert fake._proxy_nodes == {"w1", "head"}, (
+        f"a node without replicas kept its proxy: {fake._proxy_nodes}")
+    print("patch_serve: Serve sees drained nodes; a draining node keeps its proxy "
+          "while it holds replicas")
+    test_start_first()
+
+
+def roll(ds, target, old, starts=True, steps=60):
+    """Rolls `old` replicas of version 0 to `target` of version 1 with the
+    patched decisions, as the controller's loop applies them (a step: stop
+    what the budget allows, start what the delta says, then replicas that
+    were starting run (when `starts`) and stopping ones go). Returns each
+    step's running count and the final replicas."""
+    reps = [[0, "RUNNING"] for _ in range(old)]
+    served = []
+    for _ in range(steps):
+        olds = [r for r in reps if r[0] == 0 and r[1] in ("STARTING", "RUNNING")]
+        if ds._argus_start_first(target, len(olds), len(olds)):
+            new_running = sum(1 for r in reps if r == [1, "RUNNING"])
+            budget = ds._argus_stop_budget(
+                target, new_running, sum(1 for r in olds if r[1] == "RUNNING"))
+            for r in olds:
+                if r[1] == "STARTING":
+                    r[1] = "STOPPING"
+                elif budget > 0:
+                    r[1], budget = "STOPPING", budget - 1
+            current = sum(1 for r in reps if r[1] in ("STARTING", "RUNNING"))
+            new_active = sum(1 for r in reps if r[0] == 1 and r[1] in ("STARTING", "RUNNING"))
+            reps += [[1, "STARTING"] for _ in range(ds._argus_surge_delta(target, current, 0, new_active))]
+        reps = [r for r in reps if r[1] != "STOPPING"]
+        if starts:
+            for r in reps:
+                r[1] = "RUNNING" if r[1] == "STARTING" else r[1]
+        served.append(sum(1 for r in reps if r[1] == "RUNNING"))
+    return served, reps
+
+
+def test_start_first():
+    """The start-first decisions: no step serves fewer replicas than the
+    target, at most max(1, 20 %) extra run at once, and the roll ends with
+    the target in the new version; with no room for a new replica the old
+    ones keep serving."""
+    from ray.serve._private import deployment_state as ds
+    from ray.serve._private.deployment_state import DeploymentState
+
+    assert hasattr(DeploymentState, "_argus_rolls_start_first"), "start-first not patched in"
+    assert ds._argus_start_first(1, 1, 1) and not ds._argus_start_first(0, 1, 1)
+    assert not ds._argus_start_first(2, 0, 2), "a reconfigure-only update is upstream's"
+    assert not ds._argus_start_first(2, 3, 3), "a scale-down during an update is upstream's"
+    assert ds._argus_surge_delta(1, 1, 0, 0) == 1, "a one-replica upgrade starts its new replica first"
+    assert ds._argus_stop_budget(1, 0, 1) == 0, "the old replica stopped before the new one ran"
+    assert ds._argus_stop_budget(1, 1, 1) == 1
+    for target in (1, 2, 4, 5, 10):
+        served, reps = roll(ds, target, target)
+        rollout = max(int(0.2 * target), 1)
+        assert min(served) >= target, f"{target} replicas: a step served {min(served)}: {served}"
+        assert max(served) <= target + rollout, f"{target} replicas: {max(served)} ran at once"
+        assert sorted(reps) == [[1, "RUNNING"]] * target, f"{target} replicas: ended as {reps}"
+        served, reps = roll(ds, target, target, starts=False)
+        assert min(served) == target and all(r[0] == 0 for r in reps if r[1] == "RUNNING"), (
+            f"{target} replicas, no room for a new one: {served}, {reps}")
+    # Scaling up during the upgrade (2 old, target 3) ends at 3 new.
+    served, reps = roll(ds, 3, 2)
+    assert min(served) >= 2 and sorted(reps) == [[1, "RUNNING"]] * 3, (served, reps)
+    print("patch_serve: upgrades roll start-first: 1, 2, 4, 5 and 10 replicas never serve "
+          "fewer than their target; with no room the old replicas keep serving")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--test", action="store_true", help="check the patched behaviour")
+    a = p.parse_args()
+    if a.test:
+        test()
+    else:
+        apply()
+
+
+if __name__ == "__main__":
+    main()
