@@ -29,19 +29,27 @@
 # loses what their replicas had in flight. Docker gives a recreated
 # container its old address when nothing took it meanwhile; the script says
 # so when it did not.
-# One line per node: "roll: HH:MM:SS SERVICE replaced in Ns (stop Ns, back Ns)".
+# After the last node, the roll waits (up to --spread-timeout, default 300 s)
+# until every Serve deployment with two or more replicas runs them on at
+# least two nodes again (R-SERVE-8: the drains moved each worker's replicas
+# to the other; the node image's Serve moves them back, start-first, one at
+# a time) and says where they run (docker/tools/serve_placement.py).
+# One line per node: "roll: HH:MM:SS SERVICE replaced in Ns (stop Ns, back Ns)",
+# then "roll: HH:MM:SS balanced: APP/DEPLOYMENT IP=N IP=N ..." (or a warning
+# naming the deployments still on one node).
 # Exits 1 naming the node that did not come back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-image= services="worker-1 worker-2 head" timeout=600
+image= services="worker-1 worker-2 head" timeout=600 spread_timeout=300
 while [ $# -gt 0 ]; do
   case $1 in
     --image) image=$2; shift ;;
     --services) services=$2; shift ;;
     --timeout) timeout=$2; shift ;;
+    --spread-timeout) spread_timeout=$2; shift ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "roll: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -115,4 +123,36 @@ for svc in $services; do
   t2=$(date +%s)
   say "$svc replaced in $((t2 - t0))s (stop $((t1 - t0))s, back $((t2 - t1))s) on $(docker inspect --format '{{.Config.Image}}' "$new")"
 done
+
+# Serve's replicas per node, from the head (one JSON line), and its verdict.
+placement() {
+  docker exec -i "$(cid head)" timeout 60 argus-agent ray-tool python \
+    < docker/tools/serve_placement.py 2>/dev/null || true
+}
+workers=0
+for s in $services; do [ "$s" = head ] || workers=$((workers + 1)); done
+if [ "$workers" -ge 2 ]; then
+  deadline=$(( $(date +%s) + spread_timeout ))
+  while :; do
+    p=$(placement)
+    lines=$(printf '%s' "$p" | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+print("yes" if v["spread"] else "no")
+for d in v["deployments"]:
+    print("%s/%s %s" % (d["app"], d["deployment"],
+          " ".join("%s=%d" % kv for kv in sorted(d["nodes"].items())) or "none running"))
+' 2>/dev/null || true)
+    if [ "${lines%%$'\n'*}" = yes ]; then
+      b=$(printf "%s" "$lines" | tail -n +2 | paste -sd ";" | sed "s/;/; /g")
+      say "balanced: ${b:-no Serve deployment}"
+      break
+    fi
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      say "warning: Serve's replicas are not spread over two workers after ${spread_timeout}s: $(printf '%s' "$lines" | tail -n +2 | paste -sd ';' | sed 's/;/; /g')" >&2
+      break
+    fi
+    sleep 3
+  done
+fi
 say "done: $services"

@@ -16,11 +16,15 @@
 //!   tolerance: the workers' proxies and replicas ride it through, and the
 //!   actor reaper kills nothing that serves);
 //! - roll: scripts/roll-cluster.sh replaces both workers and then the head
-//!   with a new image tag, one at a time;
+//!   with a new image tag, one at a time; each drain moved the replicas to
+//!   the other worker, and the roll must end with them spread over both
+//!   again (R-SERVE-8), saying so ("balanced: ...");
 //! - upgrade: `serve deploy` of the endpoint in another engine image whose
 //!   replicas take 8 s to start (a cold start); the node image's Serve rolls
 //!   it start-first (R-SERVE-7: a new replica runs before an old one stops),
-//!   so no POST waits more than twice the steady p99;
+//!   so no POST waits more than twice the steady p99; spread afterwards;
+//! - crash worker-2 after the roll: `docker kill`, then `docker start`: with
+//!   the replicas spread again, only what was in flight on it may fail;
 //! - after: the baseline again.
 //!
 //! Every request is counted; the stop, roll, upgrade and after phases must
@@ -327,7 +331,7 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
         .filter(|n| n.ip == w1_ip)
         .map(|n| n.id)
         .collect();
-    let killed_at = now_epoch();
+    let mut kills = vec![now_epoch()];
     run(Command::new("docker").args(["kill", &w1]));
     wait_answers(&work, 20, Duration::from_secs(120));
     run(Command::new("docker").args(["start", &w1]));
@@ -395,7 +399,17 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
         let img = inspect(&c.container(w), "{{.Config.Image}}");
         assert_eq!(img, rolled, "{w} runs {img} after the roll");
     }
+    // R-SERVE-8: the drains moved the replicas together; the roll ends
+    // with them spread again, and says so.
+    assert!(
+        out.contains("roll: ") && out.contains(" balanced: "),
+        "the roll did not end balanced:\n{out}"
+    );
     wait_whole(&c, "after the roll");
+    log(&format!(
+        "after the roll: {}",
+        wait_spread(&c, "after the roll")
+    ));
     wait_answers(&work, 10, Duration::from_secs(120));
 
     // A start-first upgrade to another engine image with a cold start.
@@ -405,10 +419,37 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
     wait_engines_of(&engine_image("stub-b"), &engine_image("stub-a"));
     wait_whole(&c, "after the upgrade");
     log(&format!(
-        "upgrade to stub-b ({REPLICAS} replicas, {UPGRADE_START_DELAY_S} s cold start each) took {:.1} s",
-        t.elapsed().as_secs_f64()
+        "upgrade to stub-b ({REPLICAS} replicas, {UPGRADE_START_DELAY_S} s cold start each) took {:.1} s; {}",
+        t.elapsed().as_secs_f64(),
+        wait_spread(&c, "after the upgrade")
     ));
     wait_answers(&work, 10, Duration::from_secs(120));
+
+    // A crash after the roll and the upgrade: with the replicas spread
+    // again, only what was in flight on the killed worker fails.
+    set_phase(&work, "crash worker-2 after the roll");
+    let w2 = c.container("worker-2");
+    let w2_ip = c.ip("worker-2");
+    let killed: Vec<String> = c
+        .wait_nodes(
+            "three nodes before the second crash",
+            Duration::from_secs(60),
+            |n| n.len() == 3,
+        )
+        .into_iter()
+        .filter(|n| n.ip == w2_ip)
+        .map(|n| n.id)
+        .collect();
+    kills.push(now_epoch());
+    run(Command::new("docker").args(["kill", &w2]));
+    wait_answers(&work, 20, Duration::from_secs(120));
+    run(Command::new("docker").args(["start", &w2]));
+    c.wait_nodes(
+        "worker-2 back after the crash: its killed node gone, a new one alive",
+        Duration::from_secs(300),
+        |n| n.len() == 3 && n.iter().all(|x| !killed.contains(&x.id)),
+    );
+    wait_whole(&c, "worker-2 back after the crash");
 
     set_phase(&work, "after");
     wait_answers(&work, 40, Duration::from_secs(300));
@@ -475,8 +516,7 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
             // notice (2 failed checks, about 2 s) and not answered before
             // the kill; whatever phase it was sent in.
             let (start, took) = (r[2].as_f64().unwrap_or(0.0), r[3].as_f64().unwrap_or(0.0));
-            let in_flight_at_crash = start <= killed_at + 2.5
-                && start + took >= killed_at
+            let in_flight_at_crash = kills.iter().any(|&k| start <= k + 2.5 && start + took >= k)
                 && matches!(r[4].as_i64(), Some(502 | 503 | 0));
             if !in_flight_at_crash {
                 bad.push(format!("{phase}: {r}"));
@@ -492,6 +532,42 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
         bad.len(),
         bad.iter().take(40).cloned().collect::<Vec<_>>().join("\n")
     );
+}
+
+/// Waits until Serve runs every deployment of two or more replicas on two
+/// nodes at least (docker/tools/serve_placement.py, as scripts/roll-cluster.sh
+/// runs it), and returns where they run.
+fn wait_spread(c: &Cluster, what: &str) -> String {
+    let script = std::fs::read_to_string(workspace_root().join("docker/tools/serve_placement.py"))
+        .expect("docker/tools/serve_placement.py");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let out = with_stdin(
+            &[
+                "exec",
+                "-i",
+                &c.container("head"),
+                "timeout",
+                "60",
+                "argus-agent",
+                "ray-tool",
+                "python",
+            ],
+            &script,
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let v: Value = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+        if v["spread"] == Value::Bool(true) {
+            return format!("replicas per node: {}", v["deployments"]);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: Serve's replicas are not spread over two workers after 180 s (R-SERVE-8): \
+             {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
 }
 
 /// Waits until the shim runs REPLICAS engine containers of `new` and none

@@ -132,6 +132,18 @@ def _argus_stop_budget(target, new_running, old_serving):
     return max(0, new_running + old_serving - target)
 
 
+def _argus_spread_source(counts, fits):
+    \"\"\"The node to move one replica away from, or None: the node holding
+    most of a deployment's replicas (`counts`: node -> replicas), when a node
+    with room for one more (`fits`) holds at least two fewer.\"\"\"
+    if not counts:
+        return None
+    src = max(sorted(counts), key=lambda n: counts[n])
+    if any(n != src and counts.get(n, 0) <= counts[src] - 2 for n in fits):
+        return src
+    return None
+
+
 class ReplicaStateContainer:
 """
             % MARK,
@@ -252,8 +264,112 @@ class ReplicaStateContainer:
                 "an old replica first after that long."
             )
         return True
+
+    def _argus_spread_step(self) -> int:
+        %s: spreads a deployment again after a drain
+        # or a roll moved its replicas together (Serve never moves a running
+        # replica back). Start-first: one extra replica starts where the
+        # scheduler finds fewest of this deployment's replicas, and once it
+        # runs one replica of the crowded node stops. Returns the replicas
+        # to start beyond the target (1 while a move is under way).
+        import ray.serve._private.deployment_scheduler as sched
+
+        now = time.time()
+        target = self._target_state.target_num_replicas
+        version = self._target_state.version
+        move = getattr(self, "_argus_move", None)
+        live = self._replicas.get(
+            states=[
+                ReplicaState.STARTING,
+                ReplicaState.UPDATING,
+                ReplicaState.RECOVERING,
+                ReplicaState.RUNNING,
+                ReplicaState.PENDING_MIGRATION,
+            ]
+        )
+        running = [r for r in live if r.actor_details.state == ReplicaState.RUNNING]
+        if move is not None:
+            fresh = [r for r in live if r.replica_id.unique_id not in move["ids"]]
+            if (
+                len(live) != target + 1
+                or len(fresh) != 1
+                or any(r.version != version for r in live)
+            ):
+                # Scaled, upgraded or a replica died meanwhile: Serve's own
+                # rules take over (an excess replica is scaled down).
+                self._argus_move = None
+                return 0
+            new = fresh[0]
+            if new.actor_details.state != ReplicaState.RUNNING:
+                if now - move["at"] < 300:
+                    return 1
+                logger.warning(
+                    f"argus: spreading {self._id}: the new replica did not start in "
+                    "300 s; stopping it and trying again later."
+                )
+                victim = new
+            elif new.actor_node_id == move["src"]:
+                # Ray spilled it back onto the crowded node: undo, later.
+                victim = new
+            else:
+                victim = next(
+                    (r for r in running if r is not new and r.actor_node_id == move["src"]),
+                    None,
+                )
+            self._argus_move = None
+            if victim is not new and victim is not None:
+                logger.info(
+                    f"argus: spreading {self._id}: {new.replica_id} runs on node "
+                    f"{new.actor_node_id}; stopping {victim.replica_id} on {move['src']}."
+                )
+            else:
+                self._argus_spread_after = now + 120
+            if victim is not None:
+                state = victim.actor_details.state
+                for r in self._replicas.pop(states=[state]):
+                    if r is victim:
+                        self._stop_replica(r, graceful_stop=state == ReplicaState.RUNNING)
+                    else:
+                        self._replicas.add(state, r)
+            return 0
+        if (
+            target < 2
+            or len(live) != target
+            or len(running) != target
+            or any(r.version != version for r in live)
+            or self._replicas.count(states=[ReplicaState.STOPPING]) > 0
+            or now < getattr(self, "_argus_spread_after", 0)
+            or sched.RAY_SERVE_USE_PACK_SCHEDULING_STRATEGY
+            or self._target_state.info.replica_config.placement_group_bundles
+        ):
+            return 0
+        counts = {}
+        for r in running:
+            counts[r.actor_node_id] = counts.get(r.actor_node_id, 0) + 1
+        fits = self._deployment_scheduler.argus_nodes_with_room(self._id)
+        src = _argus_spread_source(counts, fits)
+        if src is None:
+            return 0
+        logger.info(
+            f"argus: spreading {self._id}: {counts[src]} of its {target} replicas run "
+            f"on node {src}; starting one elsewhere before stopping one there."
+        )
+        self._argus_move = {"src": src, "at": now, "ids": {r.replica_id.unique_id for r in live}}
+        return 1
 """
-            % (MARK, MARK),
+            % (MARK, MARK, MARK),
+        ),
+        (
+            """        self._check_and_stop_outdated_version_replicas()
+
+        current_replicas = self._replicas.count(
+""",
+            """        self._check_and_stop_outdated_version_replicas()
+        argus_extra = self._argus_spread_step()  %s
+
+        current_replicas = self._replicas.count(
+"""
+            % MARK,
         ),
         (
             """        delta_replicas = (
@@ -282,7 +398,81 @@ class ReplicaStateContainer:
                     ],
                 ),
             )
+        else:
+            delta_replicas += argus_extra
         if delta_replicas == 0:
+"""
+            % MARK,
+        ),
+    ],
+    "serve/_private/deployment_scheduler.py": [
+        (
+            """class DeploymentScheduler(ABC):
+""",
+            """%s: spread. Pure decision; the scheduler applies it.
+def _argus_fewest(counts, fits, load=None):
+    \"\"\"The node of `fits` (nodes with room for one more replica) holding
+    fewest of the deployment's replicas (`counts`: node -> replicas, running
+    and launching), then fewest replicas of all deployments (`load`), or
+    None.\"\"\"
+    if not fits:
+        return None
+    load = load or {}
+    return min(sorted(fits), key=lambda n: (counts.get(n, 0), load.get(n, 0)))
+
+
+class DeploymentScheduler(ABC):
+"""
+            % MARK,
+        ),
+        (
+            """    def _get_available_resources_per_node(self) -> Dict[str, Resources]:
+""",
+            """    def argus_nodes_with_room(self, deployment_id: DeploymentID) -> List[str]:
+        %s: the active nodes where one more replica of the
+        # deployment fits now (resources; not placement-group bundles).
+        need = self._deployments[deployment_id].required_resources
+        return [
+            n for n, r in self._get_available_resources_per_node().items() if r.can_fit(need)
+        ]
+
+    def argus_spread_target(self, request: ReplicaSchedulingRequest) -> Optional[str]:
+        %s: where a new replica goes: the node with room
+        # that holds fewest replicas of its deployment (a soft target: Ray
+        # places it elsewhere when that node cannot take it). None for
+        # replicas with placement groups (their strategy decides).
+        if request.placement_group_bundles is not None:
+            return None
+        deployment_id = request.replica_id.deployment_id
+        counts, load = defaultdict(int), defaultdict(int)
+        for d, running in self._running_replicas.items():
+            for node_id in running.values():
+                counts[node_id] += d == deployment_id
+                load[node_id] += 1
+        for d, launching in self._launching_replicas.items():
+            for info in launching.values():
+                if info.target_node_id:
+                    counts[info.target_node_id] += d == deployment_id
+                    load[info.target_node_id] += 1
+        return _argus_fewest(counts, self.argus_nodes_with_room(deployment_id), load)
+
+    def _get_available_resources_per_node(self) -> Dict[str, Resources]:
+"""
+            % (MARK, MARK),
+        ),
+        (
+            """                for scheduling_request in list(pending_replicas.values()):
+                    self._schedule_replica(
+                        scheduling_request=scheduling_request,
+                        default_scheduling_strategy="SPREAD",
+                    )
+""",
+            """                for scheduling_request in list(pending_replicas.values()):
+                    self._schedule_replica(
+                        scheduling_request=scheduling_request,
+                        default_scheduling_strategy="SPREAD",
+                        target_node_id=self.argus_spread_target(scheduling_request),  %s
+                    )
 """
             % MARK,
         ),
@@ -360,6 +550,7 @@ def test():
     print("patch_serve: Serve sees drained nodes; a draining node keeps its proxy "
           "while it holds replicas")
     test_start_first()
+    test_spread()
 
 
 def roll(ds, target, old, starts=True, steps=60):
@@ -421,6 +612,46 @@ def test_start_first():
     assert min(served) >= 2 and sorted(reps) == [[1, "RUNNING"]] * 3, (served, reps)
     print("patch_serve: upgrades roll start-first: 1, 2, 4, 5 and 10 replicas never serve "
           "fewer than their target; with no room the old replicas keep serving")
+
+
+def test_spread():
+    """The spread decisions: a move starts from the node holding most of a
+    deployment's replicas only when a node with room holds two fewer, goes
+    to the node with room holding fewest, and moves end with the replicas
+    even (at most one apart) over the nodes with room."""
+    from ray.serve._private import deployment_scheduler as sc
+    from ray.serve._private import deployment_state as ds
+    from ray.serve._private.deployment_scheduler import DeploymentScheduler
+    from ray.serve._private.deployment_state import DeploymentState
+
+    assert hasattr(DeploymentState, "_argus_spread_step"), "spread not patched in"
+    assert hasattr(DeploymentScheduler, "argus_spread_target"), "spread not patched in"
+    assert ds._argus_spread_source({"a": 4}, ["a", "b"]) == "a"
+    assert ds._argus_spread_source({"a": 3, "b": 1}, ["a", "b"]) == "a"
+    assert ds._argus_spread_source({"a": 2, "b": 2}, ["a", "b"]) is None
+    assert ds._argus_spread_source({"a": 3, "b": 2}, ["a", "b"]) is None, "moves that even nothing"
+    assert ds._argus_spread_source({"a": 4}, ["a"]) is None, "no other node has room (a GPU each)"
+    assert ds._argus_spread_source({}, ["a"]) is None
+    assert sc._argus_fewest({"a": 3, "b": 1}, ["a", "b"]) == "b"
+    assert sc._argus_fewest({"a": 3}, ["a", "c"]) == "c", "an empty node with room first"
+    assert sc._argus_fewest({"a": 1}, []) is None
+    assert sc._argus_fewest({}, ["a", "b"], {"a": 2}) == "b", (
+        "a new deployment's first replica goes where fewest replicas of any deployment run")
+    for replicas, nodes in ((2, 2), (4, 2), (5, 3), (7, 2), (10, 4)):
+        counts = {"n0": replicas}
+        fits = [f"n{i}" for i in range(nodes)]
+        for _ in range(replicas):
+            src = ds._argus_spread_source(counts, fits)
+            if src is None:
+                break
+            dst = sc._argus_fewest(counts, fits)
+            assert dst != src, f"{replicas} over {nodes}: a move from {src} to itself"
+            counts[dst] = counts.get(dst, 0) + 1
+            counts[src] -= 1
+        got = [counts.get(n, 0) for n in fits]
+        assert max(got) - min(got) <= 1, f"{replicas} replicas over {nodes} nodes ended {got}"
+    print("patch_serve: replicas moved together spread again, start-first, one at a time, "
+          "to even over the nodes with room")
 
 
 def main():
