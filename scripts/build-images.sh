@@ -123,7 +123,8 @@ engine_inputs_hash() {
   {
     printf '%s\n' "$@"
     docker image inspect --format '{{.Id}}' "$BASE_IMAGE"
-    find Dockerfile.engine-vllm docker/ray docker/vllm docker/engine -type f \
+    find Dockerfile.engine-vllm docker/ray docker/vllm docker/vllm-cli docker/engine \
+      tests/fixtures/tiny_llama.py -type f \
       ! -name '*.pyc' ! -path '*/__pycache__/*' ! -path '*.egg-info/*' ! -path '*/build/*' -print0 |
       LC_ALL=C sort -z | xargs -0 sha256sum
   } | sha256sum | cut -c1-16
