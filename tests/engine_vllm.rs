@@ -39,6 +39,12 @@
 //! answer must come whole (finish_reason "length", every token), none may
 //! fail, and some must have been in flight at the stop.
 //!
+//! Then embeddings: the same model deployed as a pooling model (`runner:
+//! pooling`, last-token pooling, normalised) on both versions, replacing A
+//! and B; `/v1/embeddings` through the lb with the official client must
+//! equal transformers' embedding of the same weights (cosine at least
+//! 0.9999, the same prompt tokens) and name the image that answered.
+//!
 //! The clients run in a container of engine image B on the compose network
 //! (the image pins `openai`). Each phase's wall time is printed. Docker
 //! missing is a FAILURE, never a skip. ARGUS_E2E_KEEP=1 leaves the cluster.
@@ -610,26 +616,7 @@ fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_wit
             "make",
             &format!("/cache/{MODEL}"),
         ]));
-        let out = run(docker().args([
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "-e",
-            "HOME=/tmp",
-            "-v",
-            &fixtures,
-            "-v",
-            &format!("{}:/cache:ro", c.model_cache.display()),
-            "-v",
-            &format!("{}:/work:ro", work.display()),
-            &img_old,
-            "python",
-            "/fixtures/tiny_llama.py",
-            "reference",
-            &format!("/cache/{MODEL}"),
-            "/work/cases.json",
-        ]));
+        let out = reference_run(&c, &img_old, &work, "reference", "/work/cases.json");
         let last = out.lines().last().unwrap_or_default().to_string();
         serde_json::from_str::<Value>(&last)
             .unwrap_or_else(|e| panic!("reference output is not JSON ({e}): {out}"))
@@ -875,6 +862,11 @@ fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_wit
     // 7. A worker leaves on purpose while streamed answers are in flight.
     let drain = drain_under_streams(&c, &img_new, &work, &new_engine);
 
+    // 8. Embeddings: the same model as a pooling model on both versions.
+    let (embedded, _) = phase("embeddings on both versions", || {
+        embeddings(&c, &img_old, &img_new, &work)
+    });
+
     eprintln!(
         "engine_vllm cold start of A on {NEW}: serve deploy -> container created {:.1} s, \
          created -> running {:.1} s, running -> first answer {:.1} s (total {:.1} s)\n\
@@ -923,6 +915,7 @@ fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_wit
         a["errors"]
     );
     eprintln!("engine_vllm drain under streamed load: {drain}");
+    eprintln!("engine_vllm embeddings: {embedded}");
 }
 
 /// `docker stop` of the worker that runs `engine` (endpoint A's engine)
@@ -932,6 +925,153 @@ fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_wit
 /// one, the streams in flight finish), so every streamed answer comes
 /// whole (tests/fixtures/openai_load.py STREAM=1: finish_reason "length"
 /// and every token). Returns the figures.
+/// `python tiny_llama.py MODE /cache/MODEL FILE` in `image` with no
+/// network, the model cache and the work folder read-only: transformers'
+/// reference of the same weights.
+fn reference_run(c: &Cluster, image: &str, work: &Path, mode: &str, file: &str) -> String {
+    run(docker().args([
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-e",
+        "HOME=/tmp",
+        "-v",
+        &format!(
+            "{}:/fixtures:ro",
+            workspace_root().join("tests/fixtures").display()
+        ),
+        "-v",
+        &format!("{}:/cache:ro", c.model_cache.display()),
+        "-v",
+        &format!("{}:/work:ro", work.display()),
+        image,
+        "python",
+        "/fixtures/tiny_llama.py",
+        mode,
+        &format!("/cache/{MODEL}"),
+        file,
+    ]))
+}
+
+/// The texts embedded.
+const EMBED_INPUTS: [&str; 3] = [
+    "hello world",
+    "the quick brown fox jumps over a lazy dog",
+    "ray serve vllm embedding agent shim container image cache",
+];
+
+/// The endpoints' config turned into embedding endpoints: the same model
+/// as a pooling model (`runner: pooling`, last-token pooling, normalised),
+/// llm-a's image as /ea, llm-b's as /eb. Deploying it replaces A and B.
+fn embedding_config(c: &Cluster) -> String {
+    let cfg = endpoints_config(c, OLD, NEW)
+        .replace("name: llm-a", "name: embed-a")
+        .replace("name: llm-b", "name: embed-b")
+        .replace("route_prefix: /a", "route_prefix: /ea")
+        .replace("route_prefix: /b", "route_prefix: /eb")
+        .replace(
+            "max_num_seqs: 4",
+            "max_num_seqs: 4\n        runner: pooling\n        pooler_config: {pooling_type: LAST, normalize: true}",
+        );
+    assert_eq!(cfg.matches("runner: pooling").count(), 2, "{cfg}");
+    cfg
+}
+
+/// `/v1/embeddings` of both versions through the lb, with the official
+/// client, against transformers' reference of the same weights (cosine at
+/// least 0.9999, the same prompt tokens). Returns the figures.
+fn embeddings(c: &Cluster, img_old: &str, img_new: &str, work: &Path) -> String {
+    std::fs::write(
+        work.join("embed_inputs.json"),
+        serde_json::to_string(&EMBED_INPUTS).unwrap(),
+    )
+    .unwrap();
+    let reference = reference_run(c, img_old, work, "embed", "/work/embed_inputs.json");
+    let reference: Value = serde_json::from_str(reference.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("embedding reference is not JSON ({e}): {reference}"));
+    deploy(c, &embedding_config(c));
+    c.wait_serve_running(&[("embed-a", 1), ("embed-b", 1)], DEPLOY_TIMEOUT);
+    let script = "import json, sys, openai\n\
+        c = openai.OpenAI(base_url=sys.argv[1], api_key='unused', max_retries=0, timeout=120)\n\
+        raw = c.embeddings.with_raw_response.create(model=sys.argv[2], input=json.load(open(sys.argv[3])))\n\
+        r = raw.parse()\n\
+        print(json.dumps({'engine': raw.headers.get('x-argus-engine'), 'prompt_tokens': r.usage.prompt_tokens, \
+        'vectors': [d.embedding for d in r.data]}))";
+    let mut figures = Vec::new();
+    for (route, vllm) in [("ea", OLD), ("eb", NEW)] {
+        let out = client(
+            c,
+            img_new,
+            work,
+            None,
+            &[
+                "-c",
+                script,
+                &format!("http://lb:8000/{route}/v1"),
+                MODEL,
+                "/work/embed_inputs.json",
+            ],
+        );
+        let got = last_json(&format!("embeddings of /{route}"), &out);
+        assert_eq!(
+            got["engine"],
+            json!(engine_header(vllm)),
+            "/{route}: answered by another engine image"
+        );
+        let want = reference["embeddings"]
+            .as_array()
+            .expect("reference embeddings");
+        let vectors = got["vectors"].as_array().expect("embedding vectors");
+        assert_eq!(
+            vectors.len(),
+            want.len(),
+            "/{route}: {} vectors",
+            vectors.len()
+        );
+        let tokens: usize = want
+            .iter()
+            .map(|w| w["ids"].as_array().map_or(0, Vec::len))
+            .sum();
+        assert_eq!(
+            got["prompt_tokens"],
+            json!(tokens),
+            "/{route}: prompt tokens differ from the reference tokenizer's"
+        );
+        let mut worst = 1.0f64;
+        for (i, (v, w)) in vectors.iter().zip(want).enumerate() {
+            let f = |x: &Value| -> Vec<f64> {
+                x.as_array()
+                    .map(|a| a.iter().filter_map(Value::as_f64).collect())
+                    .unwrap_or_default()
+            };
+            let (a, b) = (f(v), f(&w["vector"]));
+            assert_eq!(
+                a.len(),
+                b.len(),
+                "/{route} input {i}: dimension {} vs {}",
+                a.len(),
+                b.len()
+            );
+            let dot: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+            let cos = dot / (norm(&a) * norm(&b));
+            assert!(
+                cos >= 0.9999,
+                "/{route} (vLLM {vllm}) input {i} {:?}: cosine {cos:.6} with transformers' embedding",
+                EMBED_INPUTS[i]
+            );
+            worst = worst.min(cos);
+        }
+        figures.push(format!(
+            "vLLM {vllm}: {} vectors of {} dims, lowest cosine {worst:.6}",
+            vectors.len(),
+            vectors[0].as_array().map_or(0, Vec::len)
+        ));
+    }
+    figures.join("; ")
+}
+
 fn drain_under_streams(c: &Cluster, image: &str, work: &Path, engine: &str) -> String {
     let dir = work.join("stream");
     std::fs::create_dir_all(&dir).unwrap();
