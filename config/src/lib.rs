@@ -317,12 +317,16 @@ pub struct DrainConfig {
     pub helper: PathBuf,
     pub lb_agent_port: Option<u16>,
     pub serve_port: u16,
+    /// `ARGUS_SERVE_STOP_FIRST_AFTER_S`: read by the Serve controller on the
+    /// head (it reaches it through Ray's environment); checked here so a bad
+    /// value stops the agent at start instead of being ignored.
+    pub serve_stop_first_after: Option<Duration>,
 }
 
 impl DrainConfig {
     /// Reads the drain variables (`ARGUS_DRAIN`, `ARGUS_DRAIN_TIMEOUT_S`,
-    /// `ARGUS_DRAIN_HELPER`, `ARGUS_LB_AGENT_PORT`, `ARGUS_SERVE_PORT`), in
-    /// that order.
+    /// `ARGUS_DRAIN_HELPER`, `ARGUS_LB_AGENT_PORT`, `ARGUS_SERVE_PORT`,
+    /// `ARGUS_SERVE_STOP_FIRST_AFTER_S`), in that order.
     fn read(r: &mut Reader) -> Result<Self, ConfigError> {
         Ok(Self {
             enabled: r.flag("ARGUS_DRAIN")?,
@@ -330,6 +334,7 @@ impl DrainConfig {
             helper: r.path("ARGUS_DRAIN_HELPER", PathBuf::new)?,
             lb_agent_port: r.opt_port("ARGUS_LB_AGENT_PORT")?,
             serve_port: r.port("ARGUS_SERVE_PORT")?,
+            serve_stop_first_after: r.opt_seconds("ARGUS_SERVE_STOP_FIRST_AFTER_S")?,
         })
     }
 }

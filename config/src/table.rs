@@ -266,6 +266,7 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_STOP_GRACE_S", N, Kind::Seconds { min: 0.1 }, Value("8"), "SIGTERM-to-SIGKILL grace for Ray on stop"),
     var("ARGUS_DRAIN", N, Kind::Bool, Value("on"), "a worker stopped on purpose (SIGTERM) drains first: Serve's replicas move, the load balancer stops sending, then Ray stops; a second SIGTERM or SIGINT skips it"),
     var("ARGUS_DRAIN_TIMEOUT_S", N, Kind::Seconds { min: 1.0 }, Value("120"), "bound of a worker's drain; the container's stop timeout must exceed it plus ARGUS_STOP_GRACE_S and 2 s"),
+    var("ARGUS_SERVE_STOP_FIRST_AFTER_S", N, Kind::Seconds { min: 1.0 }, Unset("(never: an upgrade waits for room)"), "head: a start-first Serve upgrade whose new replica has not run for this long stops an old replica first (no room for both); read by the Serve controller"),
     var("ARGUS_DRAIN_HELPER", N, Kind::Path, Value("/opt/argus/drain_node.py"), "the program that drains this node in Ray and reports what Serve has left on it (the node image's); run as ARGUS_RAY_USER"),
     var("ARGUS_LB_AGENT_PORT", N, Kind::Port, Unset("(off)"), "answer the load balancer's agent-check (HAProxy `agent-check`) on this port: `ready`, or `drain` while the node drains (the compose file uses 9479)"),
     var("ARGUS_SERVE_PORT", N, Kind::Port, Value("8000"), "the port of Ray Serve's HTTP proxy on each node (the node's status says whether its proxy serves)"),
@@ -504,6 +505,15 @@ impl<'a> Reader<'a> {
                 Ok(_) => Err(ConfigError::new(var.name, &v, "port out of range 1-65535")),
                 Err(_) => Err(ConfigError::new(var.name, &v, "not a port number")),
             },
+        }
+    }
+
+    /// Returns a number of seconds as [`Reader::seconds`] does, or `None`
+    /// when the variable is unset or empty.
+    pub fn opt_seconds(&mut self, name: &'static str) -> Result<Option<Duration>, ConfigError> {
+        match self.value(name)? {
+            Some(v) if !v.trim().is_empty() => self.seconds(name).map(Some),
+            _ => Ok(None),
         }
     }
 

@@ -241,9 +241,17 @@ class ReplicaStateContainer:
             # (new replicas running, since, warned, fell back)
             wait = self._argus_wait = [new_running, now, False, False]
         waited = now - wait[1]
+        raw = os.environ.get("ARGUS_SERVE_STOP_FIRST_AFTER_S") or "inf"
         try:
-            after = float(os.environ.get("ARGUS_SERVE_STOP_FIRST_AFTER_S") or "inf")
+            after = float(raw)
         except ValueError:
+            # The agent refuses such a value at start; a controller started
+            # otherwise says so and waits for room.
+            if not wait[2]:
+                logger.warning(
+                    f"argus: ARGUS_SERVE_STOP_FIRST_AFTER_S={raw!r} is not a number of "
+                    "seconds; ignored (upgrades wait for room)."
+                )
             after = math.inf
         if waited >= after:
             if not wait[3]:
