@@ -974,7 +974,11 @@ fn embedding_config(c: &Cluster) -> String {
             "max_num_seqs: 4",
             "max_num_seqs: 4\n        runner: pooling\n        pooler_config: {pooling_type: LAST, normalize: true}",
         );
-    assert_eq!(cfg.matches("runner: pooling").count(), 2, "{cfg}");
+    assert_eq!(
+        cfg.matches("\n        runner: pooling\n").count(),
+        2,
+        "both endpoints' engine_kwargs get the pooling runner:\n{cfg}"
+    );
     cfg
 }
 
