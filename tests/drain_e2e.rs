@@ -316,30 +316,7 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
     // A crash first, while the replicas are spread over both workers:
     // docker kill, then start.
     set_phase(&work, "crash worker-1");
-    let w1 = c.container("worker-1");
-    // The killed worker's Ray node stays ALIVE in the GCS until its health
-    // checks fail: back means that node gone and a new one of worker-1's
-    // alive (three alive alone held at once, before the new Ray joined).
-    let w1_ip = c.ip("worker-1");
-    let killed: Vec<String> = c
-        .wait_nodes(
-            "three nodes before the crash",
-            Duration::from_secs(60),
-            |n| n.len() == 3,
-        )
-        .into_iter()
-        .filter(|n| n.ip == w1_ip)
-        .map(|n| n.id)
-        .collect();
-    let mut kills = vec![now_epoch()];
-    run(Command::new("docker").args(["kill", &w1]));
-    wait_answers(&work, 20, Duration::from_secs(120));
-    run(Command::new("docker").args(["start", &w1]));
-    c.wait_nodes(
-        "worker-1 back after the crash: its killed node gone, a new one alive",
-        Duration::from_secs(300),
-        |n| n.len() == 3 && n.iter().all(|x| !killed.contains(&x.id)),
-    );
+    let mut kills = vec![crash_and_restart(&c, &work, "worker-1")];
     wait_whole(&c, "worker-1 back after the crash");
     // A job's actor that calls itself a Serve replica, in Serve's namespace,
     // on worker-1: the drain counts only the actors Serve's controller made,
@@ -428,27 +405,7 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
     // A crash after the roll and the upgrade: with the replicas spread
     // again, only what was in flight on the killed worker fails.
     set_phase(&work, "crash worker-2 after the roll");
-    let w2 = c.container("worker-2");
-    let w2_ip = c.ip("worker-2");
-    let killed: Vec<String> = c
-        .wait_nodes(
-            "three nodes before the second crash",
-            Duration::from_secs(60),
-            |n| n.len() == 3,
-        )
-        .into_iter()
-        .filter(|n| n.ip == w2_ip)
-        .map(|n| n.id)
-        .collect();
-    kills.push(now_epoch());
-    run(Command::new("docker").args(["kill", &w2]));
-    wait_answers(&work, 20, Duration::from_secs(120));
-    run(Command::new("docker").args(["start", &w2]));
-    c.wait_nodes(
-        "worker-2 back after the crash: its killed node gone, a new one alive",
-        Duration::from_secs(300),
-        |n| n.len() == 3 && n.iter().all(|x| !killed.contains(&x.id)),
-    );
+    kills.push(crash_and_restart(&c, &work, "worker-2"));
     wait_whole(&c, "worker-2 back after the crash");
 
     set_phase(&work, "after");
@@ -532,6 +489,35 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
         bad.len(),
         bad.iter().take(40).cloned().collect::<Vec<_>>().join("\n")
     );
+}
+
+/// `docker kill` of `svc`, then `docker start` once the clients answered
+/// 20 more, and waits for its new Ray node (the killed node stays ALIVE in
+/// the GCS until its health checks fail: back means that node gone and a
+/// new one alive). Returns when the kill was sent (epoch seconds).
+fn crash_and_restart(c: &Cluster, work: &Path, svc: &str) -> f64 {
+    let id = c.container(svc);
+    let ip = c.ip(svc);
+    let killed: Vec<String> = c
+        .wait_nodes(
+            &format!("three nodes before {svc}'s crash"),
+            Duration::from_secs(60),
+            |n| n.len() == 3,
+        )
+        .into_iter()
+        .filter(|n| n.ip == ip)
+        .map(|n| n.id)
+        .collect();
+    let at = now_epoch();
+    run(Command::new("docker").args(["kill", &id]));
+    wait_answers(work, 20, Duration::from_secs(120));
+    run(Command::new("docker").args(["start", &id]));
+    c.wait_nodes(
+        &format!("{svc} back after the crash: its killed node gone, a new one alive"),
+        Duration::from_secs(300),
+        |n| n.len() == 3 && n.iter().all(|x| !killed.contains(&x.id)),
+    );
+    at
 }
 
 /// Waits until Serve runs every deployment of two or more replicas on two
