@@ -170,3 +170,53 @@ pub fn health(status: &Status, now: SystemTime) -> Result<(), String> {
         other => Err(format!("state {other}: {}", status.reason)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(engine_containers: Option<&str>, updated: SystemTime) -> Status {
+        let me = std::process::id();
+        Status {
+            role: "worker".into(),
+            state: NodeState::Running,
+            reason: "ray runs".into(),
+            state_since: humantime::format_rfc3339(updated).to_string(),
+            agent_pid: me,
+            node_ip: "10.0.0.2".into(),
+            node_ip_source: "test".into(),
+            head_address: None,
+            head_instance_id: None,
+            head_generation: None,
+            head_record_age_s: None,
+            ray_pid: Some(me),
+            ray_started_at: None,
+            restarts: 0,
+            consecutive_failures: 0,
+            crash_loop: false,
+            last_exit: None,
+            next_restart_in_s: None,
+            takeover: None,
+            head_gcs: None,
+            gcs_ft: false,
+            file_events: "on".into(),
+            serve_proxy: None,
+            engine_containers: engine_containers.map(str::to_string),
+            updated_at: humantime::format_rfc3339(updated).to_string(),
+        }
+    }
+
+    #[test]
+    fn a_node_without_its_docker_socket_stays_healthy_and_a_stale_one_does_not() {
+        // Ray serves without engine containers: a missing Docker socket is
+        // said in the status and the metrics, never by the healthcheck
+        // (a restart would not bring the socket back).
+        let now = SystemTime::now();
+        let missing = "unavailable: the Docker socket /run/argus-docker/docker.sock (DOCKER_HOST) cannot be used";
+        for e in [None, Some("available"), Some(missing)] {
+            assert_eq!(health(&running(e, now), now), Ok(()), "{e:?}");
+        }
+        let stale = running(Some(missing), now - STALE_AFTER - Duration::from_secs(1));
+        assert!(health(&stale, now).unwrap_err().contains("not updated"));
+    }
+}
