@@ -1076,6 +1076,55 @@ fn embeddings(c: &Cluster, img_old: &str, img_new: &str, work: &Path) -> String 
     figures.join("; ")
 }
 
+/// What the load balancer, Serve's controller and the drained worker's
+/// proxy and replicas logged about requests cut during a drain (printed
+/// before the assertion, so that CI's tail says which hop closed them):
+/// the lb's lines whose termination state is not a normal end (the
+/// server-side `S?` or client-side `C?` codes name who closed), the
+/// controller's lines about migration, proxies and health, and errors in
+/// the worker's proxy and replica logs (every Ray session of the
+/// container: it was restarted since).
+fn stream_cut_evidence(c: &Cluster, worker: &str, since: &str) -> String {
+    let lb = output(docker().args(["logs", "--since", since, &c.container("lb")]));
+    let lb_lines: Vec<String> = text(&lb.stdout)
+        .lines()
+        .chain(text(&lb.stderr).lines())
+        .filter(|l| {
+            // httplog (raw): client [date] frontend backend/server timers
+            // status bytes - - TERM conns queue "METHOD path ..."
+            l.split_whitespace()
+                .nth(9)
+                .is_some_and(|t| t.len() == 4 && !t.starts_with("--"))
+        })
+        .map(str::to_string)
+        .collect();
+    let tail = |v: &[String], n: usize| v[v.len().saturating_sub(n)..].join("\n");
+    let controller = output(docker().args([
+        "exec",
+        &c.container("head"),
+        "sh",
+        "-c",
+        "grep -h -E 'Migrat|Stopping|proxy|Proxy|unhealthy|health check|Killing|argus|draining' \
+         /tmp/ray/session_*/logs/serve/controller_*.log 2>/dev/null | tail -n 40",
+    ]));
+    let here = output(docker().args([
+        "exec",
+        &c.container(worker),
+        "sh",
+        "-c",
+        "grep -h -E 'ERROR|WARN|rror|ancel|drain' /tmp/ray/session_*/logs/serve/proxy_*.log \
+         /tmp/ray/session_*/logs/serve/replica_*.log 2>/dev/null | tail -n 40",
+    ]));
+    format!(
+        "--- evidence of the cut streams\nlb, abnormal ends ({} lines, last 20):\n{}\n\
+         serve controller (head):\n{}\n{worker}'s proxy and replica logs:\n{}",
+        lb_lines.len(),
+        tail(&lb_lines, 20),
+        text(&controller.stdout).trim_end(),
+        text(&here.stdout).trim_end()
+    )
+}
+
 fn drain_under_streams(c: &Cluster, image: &str, work: &Path, engine: &str) -> String {
     let dir = work.join("stream");
     std::fs::create_dir_all(&dir).unwrap();
@@ -1150,6 +1199,9 @@ fn drain_under_streams(c: &Cluster, image: &str, work: &Path, engine: &str) -> S
     let result = stop_load(&dir, load);
     let (a, b) = (&result["a"], &result["b"]);
     log(&format!("streaming result: a {a}, b {b}"));
+    if a["failed"] != json!(0) || b["failed"] != json!(0) {
+        eprintln!("{}", stream_cut_evidence(c, worker, &since));
+    }
     for (e, r) in [("A", a), ("B", b)] {
         assert_eq!(
             r["failed"],
