@@ -15,8 +15,27 @@
 # what it needs, cached) and prints its figure lines.
 #
 #   scripts/bench-engine.sh            # RUNS=N repeats (default 1)
+#
+#   scripts/bench-engine.sh --stream   # the stream path on a realistic model
+# One endpoint (vLLM 0.13.0, CPU image) on a model made on the spot with
+# about 110 M random weights (tests/fixtures/bench_llama.py: tens of ms a
+# token here), 64-token streamed answers at concurrency 1, 8 and 32 through
+# the lb and against vLLM's own server in the same engine container: TTFT
+# and inter-token latency p50/p99, output tokens/s. Writes
+# target/bench/stream-sweep.json, prints the table and draws
+# docs/stream-sweep.png (matplotlib, pinned, in target/plot-venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --stream ]; then
+  cargo test --test engine_vllm stream_path_sweep -- --ignored --nocapture 2>&1 \
+    | grep -E '^(\[engine_vllm|engine_vllm stream sweep|test result|thread)' >&2
+  if [ ! -x target/plot-venv/bin/python ]; then
+    python3 -m venv target/plot-venv
+    target/plot-venv/bin/pip install -q matplotlib==3.10.7
+  fi
+  exec target/plot-venv/bin/python scripts/plot-stream-sweep.py \
+    target/bench/stream-sweep.json docs/stream-sweep.png
+fi
 runs=${RUNS:-1}
 for i in $(seq "$runs"); do
   echo "bench-engine: run $i of $runs" >&2

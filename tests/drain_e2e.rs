@@ -51,7 +51,7 @@ const POST_DELAY_S: f64 = 1.5;
 /// The upgraded version's cold start.
 const UPGRADE_START_DELAY_S: f64 = 8.0;
 
-fn serve_config(c: &Cluster, engine: &str, start_delay_s: f64) -> String {
+fn serve_config(c: &Cluster, engine: &str, start_delay_s: f64, replicas: u32) -> String {
     format!(
         r#"proxy_location: EveryNode
 http_options:
@@ -72,7 +72,7 @@ applications:
       start_delay_s: {start_delay_s}
     deployments:
       - name: EngineStub
-        num_replicas: {REPLICAS}
+        num_replicas: {replicas}
         graceful_shutdown_timeout_s: 30
         ray_actor_options:
           num_cpus: 0.1
@@ -85,6 +85,10 @@ applications:
 }
 
 fn deploy(c: &Cluster, engine: &str, start_delay_s: f64) {
+    deploy_n(c, engine, start_delay_s, REPLICAS);
+}
+
+fn deploy_n(c: &Cluster, engine: &str, start_delay_s: f64, replicas: u32) {
     let out = with_stdin(
         &[
             "exec",
@@ -100,7 +104,7 @@ fn deploy(c: &Cluster, engine: &str, start_delay_s: f64) {
             "http://127.0.0.1:8265",
             "-",
         ],
-        &serve_config(c, engine, start_delay_s),
+        &serve_config(c, engine, start_delay_s, replicas),
     );
     assert!(
         out.status.success(),
@@ -275,6 +279,7 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
     build_lb_image();
     build_redis_image();
     let serve_port = free_port().to_string();
+    let since_start = format!("{}", now_epoch() as u64);
     // As the README brings it up: GCS fault tolerance on.
     let c = Cluster::up_with_lb(&serve_port, &[], &["docker-compose.gcs-ft.yaml"]);
     c.wait_nodes("three nodes alive", Duration::from_secs(300), |n| {
@@ -393,13 +398,69 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
     set_phase(&work, "upgrade");
     let t = Instant::now();
     deploy(&c, "stub-b", UPGRADE_START_DELAY_S);
-    wait_engines_of(&engine_image("stub-b"), &engine_image("stub-a"));
+    wait_engines_of(&c, &engine_image("stub-b"), &engine_image("stub-a"));
     wait_whole(&c, "after the upgrade");
     log(&format!(
         "upgrade to stub-b ({REPLICAS} replicas, {UPGRADE_START_DELAY_S} s cold start each) took {:.1} s; {}",
         t.elapsed().as_secs_f64(),
         wait_spread(&c, "after the upgrade")
     ));
+    wait_answers(&work, 10, Duration::from_secs(120));
+
+    // A worker left without replicas (scaled down to one): Serve drains its
+    // proxy and removes it once it has had no request for 30 s, while the
+    // lb would still send it requests; its agent tells the lb `drain`
+    // first, so the removal cuts nothing (failures here fail the test).
+    set_phase(&work, "scale to one");
+    let since = format!("{}", now_epoch() as u64);
+    let removed = removed_proxies(&c);
+    deploy_n(&c, "stub-b", UPGRADE_START_DELAY_S, 1);
+    c.wait_serve_running(&[(APP, 1)], Duration::from_secs(300));
+    let empty = wait_log(
+        &c,
+        &since,
+        "load balancer told: drain (Serve drains this node's proxy",
+        Duration::from_secs(120),
+    );
+    assert_eq!(
+        removed_proxies(&c),
+        removed,
+        "Serve removed {empty}'s proxy before its agent told the lb `drain`"
+    );
+    assert_eq!(
+        agent_check(&c, empty),
+        "drain",
+        "{empty}'s agent-check, as HAProxy asks it"
+    );
+    let t = Instant::now();
+    while removed_proxies(&c) == removed {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "Serve did not remove {empty}'s drained proxy within 120 s of the lb's drain"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    log(&format!(
+        "{empty} held no replica: its agent told the lb drain, Serve removed its proxy {:.1} s later",
+        t.elapsed().as_secs_f64()
+    ));
+    wait_answers(&work, 10, Duration::from_secs(120));
+    set_phase(&work, "scale back");
+    deploy(&c, "stub-b", UPGRADE_START_DELAY_S);
+    wait_whole(&c, "after scaling back");
+    log(&format!(
+        "scaled back: {}",
+        wait_spread(&c, "after scaling back")
+    ));
+    // Back in the lb's rotation once its proxy serves again.
+    let t = Instant::now();
+    while agent_check(&c, empty) != "ready" {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{empty}'s agent-check still says drain 60 s after its replicas came back"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
     wait_answers(&work, 10, Duration::from_secs(120));
 
     // A crash after the roll and the upgrade: with the replicas spread
@@ -483,6 +544,9 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
     log(&format!(
         "drains (docker stop, s): {drains:?}; steady POST p99 {steady_p99:.2} s"
     ));
+    if !bad.is_empty() {
+        eprintln!("{}", failure_evidence(&c, &since_start));
+    }
     assert!(
         bad.is_empty(),
         "{} failed requests outside what was in flight on the crashed node (the first 40):\n{}",
@@ -558,7 +622,7 @@ fn wait_spread(c: &Cluster, what: &str) -> String {
 
 /// Waits until the shim runs REPLICAS engine containers of `new` and none
 /// of `old` (the load clients' container is not the shim's).
-fn wait_engines_of(new: &str, old: &str) {
+fn wait_engines_of(c: &Cluster, new: &str, old: &str) {
     let engines = |image: &str| {
         run(Command::new("docker").args([
             "ps",
@@ -569,17 +633,133 @@ fn wait_engines_of(new: &str, old: &str) {
             "label=io.argus.shim.owner",
         ]))
         .split_whitespace()
-        .count()
+        .map(str::to_string)
+        .collect::<Vec<_>>()
     };
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let (n, o) = (engines(new), engines(old));
-        if n == REPLICAS as usize && o == 0 {
+        if n.len() == REPLICAS as usize && o.is_empty() {
             return;
         }
+        if Instant::now() >= deadline {
+            // What Serve and the shim say of the engines left over.
+            let left: Vec<String> = o
+                .iter()
+                .map(|id| {
+                    inspect(
+                        id,
+                        "{{.Name}} {{.State.Status}} started {{.State.StartedAt}} owner {{index .Config.Labels \"io.argus.shim.owner\"}}",
+                    )
+                })
+                .collect();
+            let controller = output(Command::new("docker").args([
+                "exec",
+                &c.container("head"),
+                "sh",
+                "-c",
+                "grep -h -E 'argus|Stopping|Adding|Migrat|Replica|replica' \
+                 /tmp/ray/session_latest/logs/serve/controller_*.log 2>/dev/null | tail -n 60",
+            ]));
+            panic!(
+                "the upgrade did not end in 300 s: {} engine containers of {new}, {} of {old}: {left:?}\n\
+                 serve status: {:?}\nServe's controller (last lines):\n{}",
+                n.len(),
+                o.len(),
+                c.serve_status(),
+                String::from_utf8_lossy(&controller.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// How many drained proxies Serve's controller has removed in this Ray
+/// session of the head (its log line, Ray 2.53's proxy_state.py).
+fn removed_proxies(c: &Cluster) -> usize {
+    let out = output(Command::new("docker").args([
+        "exec",
+        &c.container("head"),
+        "sh",
+        "-c",
+        "cat /tmp/ray/session_latest/logs/serve/controller_*.log 2>/dev/null",
+    ]));
+    String::from_utf8_lossy(&out.stdout)
+        .matches("Removing drained proxy on node")
+        .count()
+}
+
+/// What the lb and the workers' Serve proxies logged about failed
+/// requests since `since` (printed before the assertion, so that CI's tail
+/// says which hop answered them): the lb's lines of answers that were not
+/// 2xx (the server, the timers, the termination state), and the error lines
+/// of the proxies' logs (every Ray session: the workers restarted).
+fn failure_evidence(c: &Cluster, since: &str) -> String {
+    let lb = output(Command::new("docker").args(["logs", "--since", since, &c.container("lb")]));
+    let lb = String::from_utf8_lossy(&lb.stdout).to_string() + &String::from_utf8_lossy(&lb.stderr);
+    let bad: Vec<&str> = lb
+        .lines()
+        .filter(|l| {
+            // httplog (raw): client [date] frontend backend/server timers status ...
+            l.split_whitespace()
+                .nth(5)
+                .is_some_and(|st| st.len() == 3 && !st.starts_with('2'))
+        })
+        .collect();
+    let mut out = format!(
+        "--- evidence: the lb's answers that were not 2xx ({}, last 30)\n{}\n",
+        bad.len(),
+        bad[bad.len().saturating_sub(30)..].join("\n")
+    );
+    for w in ["worker-1", "worker-2"] {
+        let o = output(Command::new("docker").args([
+            "exec",
+            &c.container(w),
+            "sh",
+            "-c",
+            "grep -h -E 'ERROR|Traceback|rror:' /tmp/ray/session_*/logs/serve/proxy_*.log \
+             /tmp/ray/session_*/logs/serve/replica_*.log 2>/dev/null | tail -n 25",
+        ]));
+        out.push_str(&format!(
+            "--- {w}: Serve's proxy and replica errors (last 25)\n{}\n",
+            String::from_utf8_lossy(&o.stdout).trim_end()
+        ));
+    }
+    out
+}
+
+/// The answer of `svc`'s agent-check (ARGUS_LB_AGENT_PORT, 9479 in the
+/// compose file), asked as HAProxy asks it.
+fn agent_check(c: &Cluster, svc: &str) -> String {
+    use std::io::Read;
+    let ip: std::net::IpAddr = c.ip(svc).parse().expect("a container address");
+    let mut s = String::new();
+    std::net::TcpStream::connect_timeout(&(ip, 9479).into(), Duration::from_secs(2))
+        .and_then(|mut t| {
+            t.set_read_timeout(Some(Duration::from_secs(2)))?;
+            t.read_to_string(&mut s)
+        })
+        .unwrap_or_else(|e| panic!("{svc}'s agent-check: {e}"));
+    s.trim().to_string()
+}
+
+/// Waits until a worker's agent logged `line` since `since` (epoch
+/// seconds); returns that worker.
+fn wait_log(c: &Cluster, since: &str, line: &str, timeout: Duration) -> &'static str {
+    let t = Instant::now();
+    loop {
+        for w in ["worker-1", "worker-2"] {
+            let out =
+                output(Command::new("docker").args(["logs", "--since", since, &c.container(w)]));
+            let text = String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr);
+            if text.contains(line) {
+                return w;
+            }
+        }
         assert!(
-            Instant::now() < deadline,
-            "the upgrade did not end in 300 s: {n} engine containers of {new}, {o} of {old}"
+            t.elapsed() < timeout,
+            "no worker's agent logged {line:?} within {timeout:?}"
         );
         std::thread::sleep(Duration::from_secs(1));
     }

@@ -237,6 +237,36 @@ fn client_env(
     output(cmd.args(args))
 }
 
+/// Runs `python ARGS` in engine image `image` with no network, as this
+/// test's user, the fixtures at /fixtures and the cluster's model cache at
+/// /cache (writable: the models are made there); returns its stdout.
+fn offline_python(c: &Cluster, image: &str, args: &[&str]) -> String {
+    let me = format!("{}:{}", nix::unistd::getuid(), nix::unistd::getgid());
+    let fixtures = format!(
+        "{}:/fixtures:ro",
+        workspace_root().join("tests/fixtures").display()
+    );
+    let cache = format!("{}:/cache", c.model_cache.display());
+    run(docker()
+        .args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "-u",
+            &me,
+            "-e",
+            "HOME=/tmp",
+            "-v",
+            &fixtures,
+            "-v",
+            &cache,
+            image,
+            "python",
+        ])
+        .args(args))
+}
+
 fn last_json(what: &str, o: &Output) -> Value {
     let stdout = text(&o.stdout);
     let last = stdout.lines().last().unwrap_or_default().to_string();
@@ -468,6 +498,23 @@ fn bench_through(c: &Cluster, image: &str, work: &Path, base: &str, n: &str) -> 
 /// container `engine` on its loopback, the client beside it (no Serve, no
 /// lb, no shim on the path). The server is stopped afterwards.
 fn bench_direct(engine: &str, n: &str) -> Value {
+    let port = start_direct(engine, MODEL, 256, 4);
+    let script = workspace_root().join("tests/fixtures/openai_bench.py");
+    let out = Command::new("docker")
+        .args(["exec", "-i", engine, "python", "-"])
+        .args([&format!("http://127.0.0.1:{port}/v1"), MODEL, n])
+        .stdin(std::fs::File::open(script).unwrap())
+        .output()
+        .unwrap();
+    stop_direct(engine);
+    assert!(out.status.success(), "direct bench: {}", text(&out.stderr));
+    last_json("direct bench", &out)
+}
+
+/// Starts vLLM's own OpenAI server inside the engine container `engine`
+/// on its loopback, on `model` from the model cache with the endpoints'
+/// CPU engine options, and returns its port once it answers.
+fn start_direct(engine: &str, model: &str, max_len: u32, max_seqs: u32) -> &'static str {
     let port = "18001";
     run(docker().args([
         "exec",
@@ -477,8 +524,8 @@ fn bench_direct(engine: &str, n: &str) -> Value {
         "-c",
         &format!(
             "echo $$ > /tmp/direct.pid; TORCHDYNAMO_DISABLE=1 exec python -m vllm.entrypoints.openai.api_server \
-             --model /models/{MODEL} --served-model-name {MODEL} --dtype float32 --enforce-eager \
-             --max-model-len 256 --max-num-seqs 4 --host 127.0.0.1 --port {port} > /tmp/direct.log 2>&1"
+             --model /models/{model} --served-model-name {model} --dtype float32 --enforce-eager \
+             --max-model-len {max_len} --max-num-seqs {max_seqs} --host 127.0.0.1 --port {port} > /tmp/direct.log 2>&1"
         ),
     ]));
     let start = Instant::now();
@@ -509,16 +556,12 @@ fn bench_direct(engine: &str, n: &str) -> Value {
         "direct vLLM server up in {:.1} s",
         start.elapsed().as_secs_f64()
     ));
-    let script = workspace_root().join("tests/fixtures/openai_bench.py");
-    let out = Command::new("docker")
-        .args(["exec", "-i", engine, "python", "-"])
-        .args([&format!("http://127.0.0.1:{port}/v1"), MODEL, n])
-        .stdin(std::fs::File::open(script).unwrap())
-        .output()
-        .unwrap();
+    port
+}
+
+/// Stops the server [`start_direct`] started.
+fn stop_direct(engine: &str) {
     let _ = output(docker().args(["exec", engine, "sh", "-c", "kill $(cat /tmp/direct.pid)"]));
-    assert!(out.status.success(), "direct bench: {}", text(&out.stderr));
-    last_json("direct bench", &out)
 }
 
 /// The load client container, removed on drop.
@@ -554,7 +597,6 @@ impl Drop for Load {
 #[test]
 fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_without_loss() {
     require_docker();
-    let root = workspace_root();
 
     // 1. Images: the node's, the lb's and two CPU engines (no-ops when built).
     let ((img_old, img_new), build) = phase("images", || {
@@ -593,29 +635,16 @@ fn two_vllm_versions_answer_as_the_reference_through_the_lb_and_one_upgrades_wit
     std::fs::create_dir_all(work.join("load")).unwrap();
     run(Command::new("chmod").args(["-R", "0777"]).arg(&work));
     std::fs::write(work.join("cases.json"), cases().to_string()).unwrap();
-    let me = format!("{}:{}", nix::unistd::getuid(), nix::unistd::getgid());
-    let fixtures = format!("{}:/fixtures:ro", root.join("tests/fixtures").display());
-    let cache = format!("{}:/cache", c.model_cache.display());
     let (reference, _) = phase("model and reference decode", || {
-        run(docker().args([
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "-u",
-            &me,
-            "-e",
-            "HOME=/tmp",
-            "-v",
-            &fixtures,
-            "-v",
-            &cache,
+        offline_python(
+            &c,
             &img_old,
-            "python",
-            "/fixtures/tiny_llama.py",
-            "make",
-            &format!("/cache/{MODEL}"),
-        ]));
+            &[
+                "/fixtures/tiny_llama.py",
+                "make",
+                &format!("/cache/{MODEL}"),
+            ],
+        );
         let out = reference_run(&c, &img_old, &work, "reference", "/work/cases.json");
         let last = out.lines().last().unwrap_or_default().to_string();
         serde_json::from_str::<Value>(&last)
@@ -1238,4 +1267,174 @@ fn drain_under_streams(c: &Cluster, image: &str, work: &Path, engine: &str) -> S
         b["ok"],
         b["failed"]
     )
+}
+
+// ------------------------------------------------------------ stream sweep
+
+/// The stream benchmark's model (tests/fixtures/bench_llama.py: about 110 M
+/// random weights, tens of ms a token on this CPU).
+const BENCH_MODEL: &str = "bench-llama";
+/// Streamed answers' length in the sweep.
+const SWEEP_TOKENS: &str = "64";
+/// (concurrency, answers) of the sweep.
+const SWEEP: [(u32, u32); 3] = [(1, 10), (8, 24), (32, 64)];
+
+/// One endpoint of vLLM `vllm` on the bench model, in the shape of
+/// docker/serve/llm-endpoints.yaml, room for 32 sequences at once.
+fn sweep_config(c: &Cluster, vllm: &str) -> String {
+    format!(
+        r#"proxy_location: EveryNode
+http_options:
+  host: 0.0.0.0
+  port: 8000
+applications:
+  - name: llm-a
+    route_prefix: /a
+    import_path: serve.vllm.{module}.app:app_builder
+    runtime_env:
+      container:
+        image: {image}
+        run_options: ["--env", "VLLM_CPU_KVCACHE_SPACE=2", "-v", "{cache}:/models:ro"]
+    args:
+      model: /models/{BENCH_MODEL}
+      model_id: {BENCH_MODEL}
+      engine_kwargs:
+        max_model_len: 512
+        max_num_seqs: 32
+    deployments:
+      - name: VllmOpenAI
+        num_replicas: 1
+        health_check_timeout_s: 120
+        ray_actor_options:
+          num_cpus: 0.1
+          resources:
+            worker_node: 1
+"#,
+        module = module(vllm),
+        image = compose::cpu_engine_image(vllm),
+        cache = c.model_cache.display(),
+    )
+}
+
+/// Runs the sweep (tests/fixtures/openai_sweep.py) with `run_one(conc,
+/// answers)` and returns each level's figures.
+fn sweep(what: &str, run_one: impl Fn(u32, u32) -> Output) -> Vec<Value> {
+    SWEEP
+        .iter()
+        .map(|&(conc, n)| {
+            let out = run_one(conc, n);
+            let v = last_json(&format!("{what} sweep at {conc}"), &out);
+            log(&format!("sweep {what} concurrency {conc}: {v}"));
+            assert_eq!(v["failed"], json!(0), "{what} at {conc}: {v}");
+            v
+        })
+        .collect()
+}
+
+/// The stream path's cost, measured where it matters (scripts/bench-engine.sh
+/// --stream; not part of scripts/test): one vLLM endpoint on a model with a
+/// realistic time per token, streamed at concurrency 1, 8 and 32 through the
+/// lb (HAProxy, a worker's Serve proxy, the replica in its engine container)
+/// and against vLLM's own server in the same engine container, the client
+/// beside it. Figures to target/bench/stream-sweep.json.
+#[test]
+#[ignore = "a benchmark: scripts/bench-engine.sh --stream"]
+fn stream_path_sweep_through_the_lb_and_direct() {
+    require_docker();
+    let root = workspace_root();
+    build_images(false);
+    build_lb_image();
+    let img = build_cpu_engine_image(NEW);
+    let serve_port = free_port().to_string();
+    let c = Cluster::up_with_lb(&serve_port, &[], &[]);
+    let work = c.tmpdir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    run(Command::new("chmod").args(["-R", "0777"]).arg(&work));
+    let (made, _) = phase("bench model", || {
+        let out = offline_python(
+            &c,
+            &img,
+            &["/fixtures/bench_llama.py", &format!("/cache/{BENCH_MODEL}")],
+        );
+        out.lines().last().unwrap_or_default().to_string()
+    });
+    log(&format!("bench model: {made}"));
+    c.wait_nodes("three nodes alive", Duration::from_secs(300), |n| {
+        n.len() == 3
+    });
+    phase("serve deploy until the endpoint runs", || {
+        deploy(&c, &sweep_config(&c, NEW));
+        c.wait_serve_running(&[("llm-a", 1)], DEPLOY_TIMEOUT)
+    });
+    let base = "http://lb:8000/a/v1";
+    let start = Instant::now();
+    while !client(
+        &c,
+        &img,
+        &work,
+        None,
+        &[
+            "-c",
+            "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=30)",
+            &format!("{base}/models"),
+        ],
+    )
+    .status
+    .success()
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "the lb does not reach the endpoint"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let lb = sweep("lb", |conc, n| {
+        client(
+            &c,
+            &img,
+            &work,
+            None,
+            &[
+                "/fixtures/openai_sweep.py",
+                base,
+                BENCH_MODEL,
+                &conc.to_string(),
+                &n.to_string(),
+                SWEEP_TOKENS,
+            ],
+        )
+    });
+    // vLLM's own server in the same engine container, same options; the
+    // replica's engine beside it stays idle meanwhile.
+    let engine = running_engines(&img);
+    assert_eq!(engine.len(), 1, "one engine container: {engine:?}");
+    let engine = &engine[0];
+    let port = start_direct(engine, BENCH_MODEL, 512, 32);
+    let script = root.join("tests/fixtures/openai_sweep.py");
+    let direct = sweep("direct", |conc, n| {
+        Command::new("docker")
+            .args(["exec", "-i", engine, "python", "-"])
+            .args([
+                &format!("http://127.0.0.1:{port}/v1"),
+                BENCH_MODEL,
+                &conc.to_string(),
+                &n.to_string(),
+                SWEEP_TOKENS,
+            ])
+            .stdin(std::fs::File::open(&script).unwrap())
+            .output()
+            .unwrap()
+    });
+    stop_direct(engine);
+    let result = json!({
+        "model": serde_json::from_str::<Value>(&made).unwrap_or(Value::Null),
+        "vllm": NEW,
+        "tokens": SWEEP_TOKENS,
+        "lb": lb,
+        "direct": direct,
+    });
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("stream-sweep.json"), result.to_string()).unwrap();
+    println!("engine_vllm stream sweep: {result}");
 }

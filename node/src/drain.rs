@@ -247,6 +247,77 @@ impl Drain {
     }
 }
 
+/// What this node's Serve proxy answered its health check
+/// (`GET /-/healthz`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyHealth {
+    /// 200: it routes to running replicas.
+    Serving,
+    /// 503 "This node is being drained.": Serve drains the proxy of a node
+    /// that holds no replica any more, and removes it once it has had no
+    /// request for 30 s (Ray's `RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S`).
+    Draining,
+    /// Anything else: no proxy, or one not ready yet.
+    Down,
+}
+
+/// How long the agent-check keeps answering `ready` after it first saw
+/// Serve draining this node's proxy. Serve drains it once the node holds no
+/// replica; the replicas it had moved start-first, so another worker's
+/// proxy answered 200 just before, and the lb marks that one up after its
+/// `rise 2` at `inter 1s` (2 s, each check up to its 1 s timeout): telling
+/// `drain` sooner can leave the lb without a server for a second.
+pub const SERVE_DRAIN_GRACE: Duration = Duration::from_secs(4);
+
+/// The agent-check looks at the proxy again, after an answer, once its last
+/// look is this old while the proxy is draining (so that it answers
+/// `ready` again soon after it stops draining) ...
+pub const LB_LOOK_DRAINING: Duration = Duration::from_secs(1);
+/// ... and this old otherwise. The lb is told `drain` at most
+/// [`LB_LOOK`] + [`SERVE_DRAIN_GRACE`] + its `agent-inter` (1 s) after
+/// Serve began draining the proxy: 7 s, inside the time Serve keeps a
+/// draining proxy (`RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S`: the compose
+/// file's 15 s, Ray's default 30 s).
+pub const LB_LOOK: Duration = Duration::from_secs(2);
+
+/// The least time Serve keeps a draining proxy that the agent-check allows
+/// for (docker-compose.yaml's `RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S`; the
+/// tests hold the two together).
+#[cfg(test)]
+const SERVE_PROXY_MIN_DRAINING: Duration = Duration::from_secs(15);
+
+/// The load balancer's agent-check answer: `drain` once a stop's drain
+/// told it (no new request comes here), or while Serve has been draining
+/// this node's proxy for [`SERVE_DRAIN_GRACE`] (`proxy_draining_since`):
+/// the lb kept sending requests to a proxy that Serve drains, and Serve
+/// removed it while the requests it had just been sent were in flight (a
+/// stream cut mid-answer). Else `ready` (a proxy that is down is the
+/// health check's to take out).
+pub fn lb_answer(
+    stop_drain: bool,
+    proxy_draining_since: Option<Instant>,
+    now: Instant,
+) -> &'static str {
+    let serve_drains =
+        proxy_draining_since.is_some_and(|t| now.duration_since(t) >= SERVE_DRAIN_GRACE);
+    if stop_drain || serve_drains {
+        "drain"
+    } else {
+        "ready"
+    }
+}
+
+/// Whether the agent-check looks at the proxy again now, its last look
+/// having been at `last` and found `health` ([`LB_LOOK_DRAINING`],
+/// [`LB_LOOK`]).
+pub fn lb_look_due(last: Option<(Instant, ProxyHealth)>, now: Instant) -> bool {
+    match last {
+        None => true,
+        Some((at, ProxyHealth::Draining)) => now.duration_since(at) >= LB_LOOK_DRAINING,
+        Some((at, _)) => now.duration_since(at) >= LB_LOOK,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,6 +330,49 @@ mod tests {
             elsewhere,
             others: Some((1, 0)),
         }
+    }
+
+    #[test]
+    fn the_lb_is_told_drain_while_serve_drains_the_proxy_past_the_grace_or_on_a_stop() {
+        let t0 = Instant::now();
+        assert_eq!(lb_answer(false, None, t0), "ready");
+        assert_eq!(lb_answer(true, None, t0), "drain", "a stop's drain");
+        let later = t0 + SERVE_DRAIN_GRACE;
+        assert_eq!(
+            lb_answer(false, Some(t0), later - Duration::from_millis(1)),
+            "ready",
+            "the other worker may not be up in the lb yet"
+        );
+        assert_eq!(lb_answer(false, Some(t0), later), "drain");
+        assert_eq!(lb_answer(true, Some(later), later), "drain");
+        // Told within the look, the grace and HAProxy's agent-inter (1 s),
+        // with time to spare before Serve may remove the proxy.
+        let told = LB_LOOK + SERVE_DRAIN_GRACE + Duration::from_secs(1);
+        assert!(told + Duration::from_secs(5) <= SERVE_PROXY_MIN_DRAINING);
+        let compose = include_str!("../../docker-compose.yaml");
+        assert!(
+            compose.contains(&format!(
+                "RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S:-{}}}",
+                SERVE_PROXY_MIN_DRAINING.as_secs()
+            )),
+            "docker-compose.yaml keeps draining proxies for another time"
+        );
+    }
+
+    #[test]
+    fn the_agent_check_looks_at_the_proxy_often_only_while_serve_drains_it() {
+        let t0 = Instant::now();
+        assert!(lb_look_due(None, t0));
+        for h in [ProxyHealth::Serving, ProxyHealth::Down] {
+            assert!(!lb_look_due(
+                Some((t0, h)),
+                t0 + LB_LOOK - Duration::from_millis(1)
+            ));
+            assert!(lb_look_due(Some((t0, h)), t0 + LB_LOOK));
+        }
+        let d = Some((t0, ProxyHealth::Draining));
+        assert!(!lb_look_due(d, t0 + Duration::from_millis(500)));
+        assert!(lb_look_due(d, t0 + LB_LOOK_DRAINING));
     }
 
     #[test]

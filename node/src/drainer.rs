@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use std::time::Instant;
 
-use super::drain::{Drain, Input, Step};
+use super::drain::{lb_answer, lb_look_due, Drain, Input, ProxyHealth, Step};
 use super::{Event, Node};
 use argus_supervise::privs::{confine, RayUser};
 use argus_supervise::{reaper, Stop};
@@ -107,8 +107,12 @@ pub struct LbAgent {
 
 impl LbAgent {
     /// Listens on `port` (all addresses) and answers every connection with
-    /// one line, `ready` or `drain`, until the process ends.
-    pub fn start(port: u16) -> std::io::Result<Self> {
+    /// one line, `ready` or `drain` ([`lb_answer`]), until the process
+    /// ends. With `proxy` (this node's Serve proxy), it also looks at the
+    /// proxy after an answer, when its last look is old enough
+    /// ([`lb_look_due`]): the looks ride on the load balancer's own checks,
+    /// no timer of the agent's.
+    pub fn start(port: u16, proxy: Option<SocketAddr>) -> std::io::Result<Self> {
         let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))?;
         let port = listener.local_addr()?.port();
         let draining = Arc::new(AtomicBool::new(false));
@@ -116,6 +120,9 @@ impl LbAgent {
         std::thread::Builder::new()
             .name("lb-agent".into())
             .spawn(move || {
+                let mut look: Option<(Instant, ProxyHealth)> = None;
+                let mut serve_drains_since: Option<Instant> = None;
+                let mut said = "ready";
                 for conn in listener.incoming() {
                     // One line and the connection is closed: no
                     // connection is held. A failed accept (out of
@@ -124,14 +131,33 @@ impl LbAgent {
                         std::thread::sleep(argus_telemetry::metrics::ACCEPT_BACKOFF);
                         continue;
                     };
-                    let answer = if d.load(Ordering::SeqCst) {
-                        "drain"
-                    } else {
-                        "ready"
-                    };
+                    let stop_drain = d.load(Ordering::SeqCst);
+                    let answer = lb_answer(stop_drain, serve_drains_since, Instant::now());
+                    if answer != said && !stop_drain {
+                        if answer == "drain" {
+                            info!(port, "load balancer told: drain (Serve drains this node's proxy: no replica here)");
+                        } else {
+                            info!(port, proxy = ?look.map(|l| l.1), "load balancer told: ready (Serve no longer drains this node's proxy)");
+                        }
+                    }
+                    said = answer;
                     argus_telemetry::metrics::lb_agent_answer(answer);
                     let _ = c.set_write_timeout(Some(Duration::from_secs(1)));
                     let _ = c.write_all(format!("{answer}\n").as_bytes());
+                    drop(c);
+                    // The look after the answer: the load balancer never
+                    // waits for it (its check times out in a second).
+                    let Some(addr) = proxy else { continue };
+                    let now = Instant::now();
+                    if stop_drain || !lb_look_due(look, now) {
+                        continue;
+                    }
+                    let health = proxy_health(addr);
+                    look = Some((Instant::now(), health));
+                    serve_drains_since = match health {
+                        ProxyHealth::Draining => serve_drains_since.or(Some(now)),
+                        _ => None,
+                    };
                 }
             })?;
         info!(port, "answering the load balancer's agent-check");
@@ -412,19 +438,50 @@ fn watch_proxy(addr: SocketAddr, tx: &Sender<Event>, news: &(Mutex<WatchNews>, C
 /// Returns true if and only if Serve's proxy at `addr` answers its health
 /// check with 200 within a second.
 pub fn healthz(addr: SocketAddr) -> bool {
+    proxy_health(addr) == ProxyHealth::Serving
+}
+
+/// What Serve's proxy at `addr` answers its health check within a second:
+/// 200, 503 with Serve's draining message, or anything else (no answer).
+pub fn proxy_health(addr: SocketAddr) -> ProxyHealth {
     let t = Duration::from_secs(1);
     let Ok(mut c) = TcpStream::connect_timeout(&addr, t) else {
-        return false;
+        return ProxyHealth::Down;
     };
     let _ = c.set_read_timeout(Some(t));
     let _ = c.set_write_timeout(Some(t));
     let req = format!("GET /-/healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     if c.write_all(req.as_bytes()).is_err() {
-        return false;
+        return ProxyHealth::Down;
     }
-    let mut head = [0u8; 12];
-    c.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
+    // The status line, headers and Serve's short body: 1 KiB is plenty;
+    // read until then or the close (`Connection: close`).
+    let mut buf = Vec::with_capacity(1024);
+    let _ = c.take(1024).read_to_end(&mut buf);
+    classify_healthz(&buf)
 }
+
+/// Serve's health answer from its first bytes.
+pub fn classify_healthz(answer: &[u8]) -> ProxyHealth {
+    if !answer.starts_with(b"HTTP/1.") || answer.len() < 12 {
+        return ProxyHealth::Down;
+    }
+    match &answer[9..12] {
+        b"200" => ProxyHealth::Serving,
+        b"503"
+            if answer
+                .windows(DRAINING_MESSAGE.len())
+                .any(|w| w == DRAINING_MESSAGE) =>
+        {
+            ProxyHealth::Draining
+        }
+        _ => ProxyHealth::Down,
+    }
+}
+
+/// Ray Serve's answer to a health check of a proxy it drains
+/// (`ray.serve._private.proxy.DRAINING_MESSAGE`, Ray 2.53).
+const DRAINING_MESSAGE: &[u8] = b"This node is being drained.";
 
 impl<R: super::RoleLoop> Node<R> {
     /// At the stop: a drain still under way (a second SIGTERM, SIGINT) is
@@ -446,13 +503,13 @@ impl<R: super::RoleLoop> Node<R> {
     /// Worker: starts the load balancer's agent-check (when a port is
     /// set) and the watch of this node's Serve proxy.
     pub(super) fn start_serve_watch(&mut self) {
+        let addr = SocketAddr::new(self.ip, self.cfg.drain.serve_port);
         if let Some(port) = self.cfg.drain.lb_agent_port {
-            match LbAgent::start(port) {
+            match LbAgent::start(port, Some(addr)) {
                 Ok(a) => self.lb_agent = Some(a),
                 Err(e) => warn!(port, error = %e, "cannot answer the load balancer's agent-check"),
             }
         }
-        let addr = SocketAddr::new(self.ip, self.cfg.drain.serve_port);
         self.proxy_watch = Some(ProxyWatch::start(addr, self.tx.clone(), &self.stop));
     }
 
@@ -681,20 +738,106 @@ mod tests {
         }
     }
 
+    /// One agent-check, as HAProxy makes it.
+    fn ask_agent(port: u16) -> String {
+        let mut s = String::new();
+        TcpStream::connect(("127.0.0.1", port))
+            .unwrap()
+            .read_to_string(&mut s)
+            .unwrap();
+        s
+    }
+
     #[test]
     fn the_lb_agent_answers_ready_then_drain() {
-        let a = LbAgent::start(0).unwrap();
-        let ask = || {
-            let mut s = String::new();
-            TcpStream::connect(("127.0.0.1", a.port))
-                .unwrap()
-                .read_to_string(&mut s)
-                .unwrap();
-            s
-        };
+        let a = LbAgent::start(0, None).unwrap();
+        let ask = || ask_agent(a.port);
         assert_eq!(ask(), "ready\n");
         a.drain();
         assert_eq!(ask(), "drain\n");
+        assert_eq!(ask(), "drain\n");
+    }
+
+    #[test]
+    fn serves_health_answers_are_told_apart() {
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nsuccess";
+        let drained =
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 27\r\n\r\nThis node is being drained.";
+        let empty = b"HTTP/1.1 503 Service Unavailable\r\n\r\nRoute table is not populated yet.";
+        assert_eq!(classify_healthz(ok), ProxyHealth::Serving);
+        assert_eq!(classify_healthz(drained), ProxyHealth::Draining);
+        assert_eq!(classify_healthz(empty), ProxyHealth::Down);
+        assert_eq!(classify_healthz(b""), ProxyHealth::Down);
+        assert_eq!(classify_healthz(b"HTTP/1.1 20"), ProxyHealth::Down);
+        // The message on another status is not Serve's drain.
+        assert_eq!(
+            classify_healthz(b"HTTP/1.1 500 x\r\n\r\nThis node is being drained."),
+            ProxyHealth::Down
+        );
+    }
+
+    /// A stand-in Serve proxy on 127.0.0.1: answers every health check as
+    /// `state` says (0 serving, 1 draining, 2 not ready).
+    fn fake_proxy(state: Arc<AtomicU8>) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { continue };
+                let mut req = [0u8; 512];
+                let _ = c.read(&mut req);
+                let body: &[u8] = match state.load(Ordering::SeqCst) {
+                    0 => b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nsuccess",
+                    1 => b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\n\r\nThis node is being drained.",
+                    _ => b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\n\r\nRoute table is not populated yet.",
+                };
+                let _ = c.write_all(body);
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn the_lb_agent_says_drain_while_serve_drains_this_nodes_proxy_and_ready_again_after() {
+        let state = Arc::new(AtomicU8::new(0));
+        let a = LbAgent::start(0, Some(fake_proxy(state.clone()))).unwrap();
+        let ask = || ask_agent(a.port);
+        // As HAProxy asks: about once a second (faster here), each answer
+        // from what the agent saw at its earlier looks.
+        let until = |want: &str, within: Duration| -> Duration {
+            let t0 = Instant::now();
+            loop {
+                if ask() == format!("{want}\n") {
+                    return t0.elapsed();
+                }
+                assert!(t0.elapsed() < within, "no {want:?} within {within:?}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        };
+        assert_eq!(ask(), "ready\n");
+        state.store(2, Ordering::SeqCst);
+        std::thread::sleep(super::super::drain::LB_LOOK + Duration::from_millis(300));
+        for _ in 0..5 {
+            assert_eq!(ask(), "ready\n", "a proxy not ready is the health check's");
+        }
+        // Serve drains the proxy: `drain` after the grace, and before
+        // Serve could remove it (30 s without a request).
+        state.store(1, Ordering::SeqCst);
+        let took = until("drain", Duration::from_secs(20));
+        assert!(
+            took >= super::super::drain::SERVE_DRAIN_GRACE,
+            "drain after {took:?}, before the grace"
+        );
+        let bound = super::super::drain::LB_LOOK
+            + super::super::drain::SERVE_DRAIN_GRACE
+            + Duration::from_secs(2);
+        assert!(took < bound, "drain only after {took:?}");
+        // A replica lands here again: `ready` within about a look.
+        state.store(0, Ordering::SeqCst);
+        let back = until("ready", Duration::from_secs(5));
+        assert!(back < Duration::from_secs(3), "ready again after {back:?}");
+        // A stop's drain wins over everything.
+        a.drain();
         assert_eq!(ask(), "drain\n");
     }
 
