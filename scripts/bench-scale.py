@@ -345,6 +345,38 @@ def cpu_by_thread(pid):
     return out
 
 
+def wakeups_by_thread(pid):
+    """Voluntary context switches of each of `pid`'s threads, summed by
+    thread name: how often each blocked and was woken (a count, unlike the
+    CPU time, that a loaded or slower machine does not change)."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for t in tids:
+        try:
+            with open(f"/proc/{pid}/task/{t}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{t}/status") as f:
+                n = next(int(l.split()[1]) for l in f if l.startswith("voluntary_ctxt_switches:"))
+        except (OSError, ValueError, IndexError, StopIteration):
+            continue
+        out[name] = out.get(name, 0) + n
+    return out
+
+
+def wakeups_per_minute(before, after, names, dt):
+    """Wake-ups per agent per minute, by thread name, over `names`."""
+    acc = {}
+    for n in names:
+        a, b = after.get(n, {}), before.get(n, {})
+        for k, v in a.items():
+            acc[k] = acc.get(k, 0) + v - b.get(k, 0)
+    per = 60 / dt / max(1, len(names))
+    return {k: round(v * per, 1) for k, v in sorted(acc.items(), key=lambda kv: -kv[1]) if v > 0}
+
+
 def by_thread_delta(before, after, names, dt):
     """% of a core per thread name over `names`, from two cpu_by_thread maps
     per agent (threads that ended in between count from 0)."""
@@ -491,12 +523,14 @@ def steady(c, names, seconds, counter):
     t0 = time.time()
     cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
     th0 = {n: cpu_by_thread(p) for n, p in pids.items()}
+    wk0 = {n: wakeups_by_thread(p) for n, p in pids.items()}
     d0 = sum(cpu_seconds(p) for p in dockerd)
     o0 = counter.snapshot()
     time.sleep(seconds)
     o1 = counter.snapshot()
     cpu1 = {n: cpu_seconds(p) for n, p in pids.items()}
     th1 = {n: cpu_by_thread(p) for n, p in pids.items()}
+    wk1 = {n: wakeups_by_thread(p) for n, p in pids.items()}
     d1 = sum(cpu_seconds(p) for p in dockerd)
     dt = time.time() - t0
     counter.unwatch()  # no counting (Python wake-ups) during the rejoin
@@ -511,6 +545,7 @@ def steady(c, names, seconds, counter):
         cpu_head_pct_of_core=round(100 * sum(cpu1[n] - cpu0[n] for n in pids if n not in workers) / dt, 3),
         cpu_by_thread_workers=by_thread_delta(th0, th1, workers, dt),
         cpu_by_thread_head=by_thread_delta(th0, th1, [n for n in pids if n not in workers], dt),
+        wakeups_per_worker_minute=wakeups_per_minute(wk0, wk1, workers, dt),
         dockerd_cpu_pct_of_core=round(100 * (d1 - d0) / dt, 2) if dockerd else None,
         pss_total_mib=round(sum(m.get("Pss", 0) for m in mem.values()) / 1024, 1),
         pss_per_worker_kib=round(statistics.mean(m.get("Pss", 0) for m in mem.values())),
@@ -630,6 +665,8 @@ def table(results):
             print(f"  of which the head:           {s['cpu_head_pct_of_core']} % of a core")
             print("  workers by thread (% core):  " + ", ".join(f"{k} {v}" for k, v in s["cpu_by_thread_workers"].items()))
             print("  head by thread (% core):     " + ", ".join(f"{k} {v}" for k, v in s["cpu_by_thread_head"].items()))
+            w = s["wakeups_per_worker_minute"]
+            print(f"  wake-ups a worker a minute:  {round(sum(w.values()), 1)}: " + ", ".join(f"{k} {v}" for k, v in w.items()))
             if s["dockerd_cpu_pct_of_core"] is not None:
                 print(f"  dockerd CPU meanwhile:       {s['dockerd_cpu_pct_of_core']} % of a core")
             print(f"  memory per worker:           private {s['private_per_worker_kib']['mean']} KiB (max {s['private_per_worker_kib']['max']}), PSS {s['pss_per_worker_kib']} KiB, RSS {s['rss_per_worker_kib']} KiB, {s['threads_per_worker']:.1f} threads")
