@@ -325,45 +325,47 @@ def cpu_seconds(pid):
     return total / 1e9
 
 
-def cpu_by_thread(pid):
-    """CPU seconds of each of `pid`'s threads, summed by thread name (comm:
-    tokio's workers, `proxy-watch`, `signals`, ...), from schedstat."""
+def by_thread_name(pid, read):
+    """`read(task_folder)` of each of `pid`'s threads, summed by thread name
+    (comm: tokio's workers, `proxy-watch`, `signals`, ...); a thread that
+    ends meanwhile, or whose value cannot be read, is left out."""
     out = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return out
     for t in tids:
+        task = f"/proc/{pid}/task/{t}"
         try:
-            with open(f"/proc/{pid}/task/{t}/comm") as f:
+            with open(f"{task}/comm") as f:
                 name = f.read().strip()
-            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
-                ns = int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
+            v = read(task)
+        except (OSError, ValueError, IndexError, StopIteration):
             continue
-        out[name] = out.get(name, 0) + ns / 1e9
+        out[name] = out.get(name, 0) + v
     return out
+
+
+def _cpu_seconds(task):
+    with open(f"{task}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+def _voluntary_switches(task):
+    with open(f"{task}/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("voluntary_ctxt_switches:"))
+
+
+def cpu_by_thread(pid):
+    """CPU seconds of each of `pid`'s threads by name, from schedstat."""
+    return by_thread_name(pid, _cpu_seconds)
 
 
 def wakeups_by_thread(pid):
-    """Voluntary context switches of each of `pid`'s threads, summed by
-    thread name: how often each blocked and was woken (a count, unlike the
-    CPU time, that a loaded or slower machine does not change)."""
-    out = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for t in tids:
-        try:
-            with open(f"/proc/{pid}/task/{t}/comm") as f:
-                name = f.read().strip()
-            with open(f"/proc/{pid}/task/{t}/status") as f:
-                n = next(int(l.split()[1]) for l in f if l.startswith("voluntary_ctxt_switches:"))
-        except (OSError, ValueError, IndexError, StopIteration):
-            continue
-        out[name] = out.get(name, 0) + n
-    return out
+    """Voluntary context switches of `pid`'s threads by name: how often each
+    blocked and was woken (a count, unlike the CPU time, that a loaded or
+    slower machine does not change)."""
+    return by_thread_name(pid, _voluntary_switches)
 
 
 def wakeups_per_minute(before, after, names, dt):
