@@ -590,7 +590,12 @@ def parse():
     p.add_argument("--fault-hold-s", type=float, default=4, help="how long garbage / an unwritable folder lasts (4)")
     p.add_argument("--up-timeout-s", type=int, default=300)
     p.add_argument("--task-timeout-s", type=int, default=300)
-    p.add_argument("--janitor-bound-s", type=int, default=30, help="time for ownerless engines to go (30)")
+    # The janitor sweeps every 30 s: a container that exits just after a sweep
+    # (the task check's own engine, when its driver ends) goes at the next
+    # one, 30 s later plus the sweep's own Docker calls. A bound of one period
+    # failed a CI run with the task's exited engine still there at 30 s.
+    p.add_argument("--janitor-bound-s", type=int, default=75,
+                   help="time for ownerless or exited engines to go (75: two janitor periods and a margin)")
     p.add_argument("--procs-bound-s", type=int, default=20, help="time for zombies/orphans to go (20)")
     p.add_argument("--rss-growth-kib", type=int, default=16384, help="allowed agent RSS growth per node (16384)")
     p.add_argument("--each-kind", action="store_true",
