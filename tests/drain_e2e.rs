@@ -641,7 +641,11 @@ fn wait_engines_of(c: &Cluster, new: &str, old: &str) {
             return;
         }
         if Instant::now() >= deadline {
-            // What Serve and the shim say of the engines left over.
+            // What Serve and the shim say of the engines left over, the
+            // short facts first (CI keeps the first line of a failure):
+            // Serve's replicas by state, and what the workers' dead-actor
+            // reapers said (a replica that rode the roll's head restart is
+            // killed only by them, ray-project/ray#63763).
             let left: Vec<String> = o
                 .iter()
                 .map(|id| {
@@ -649,6 +653,31 @@ fn wait_engines_of(c: &Cluster, new: &str, old: &str) {
                         id,
                         "{{.Name}} {{.State.Status}} started {{.State.StartedAt}} owner {{index .Config.Labels \"io.argus.shim.owner\"}}",
                     )
+                })
+                .collect();
+            let replicas: Vec<String> = match c.serve_status() {
+                Ok(v) => v["applications"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|(_, a)| a["deployments"].as_object().into_iter().flatten())
+                    .map(|(d, x)| format!("{d} {} {}", x["status"], x["replica_states"]))
+                    .collect(),
+                Err(e) => vec![format!("serve status failed: {e}")],
+            };
+            let reaper: Vec<String> = ["worker-1", "worker-2"]
+                .iter()
+                .flat_map(|w| {
+                    let l = output(Command::new("docker").args(["logs", &c.container(w)]));
+                    String::from_utf8_lossy(&l.stdout)
+                        .lines()
+                        .chain(String::from_utf8_lossy(&l.stderr).lines())
+                        .filter(|l| {
+                            l.contains("dead-actor reaper")
+                                || l.contains("actors the gcs holds dead")
+                        })
+                        .map(|l| format!("{w}: {}", l.chars().take(240).collect::<String>()))
+                        .collect::<Vec<_>>()
                 })
                 .collect();
             let controller = output(Command::new("docker").args([
@@ -660,11 +689,12 @@ fn wait_engines_of(c: &Cluster, new: &str, old: &str) {
                  /tmp/ray/session_latest/logs/serve/controller_*.log 2>/dev/null | tail -n 60",
             ]));
             panic!(
-                "the upgrade did not end in 300 s: {} engine containers of {new}, {} of {old}: {left:?}\n\
-                 serve status: {:?}\nServe's controller (last lines):\n{}",
+                "the upgrade did not end in 300 s: {} engines of {new}, {} of {old}; Serve: {replicas:?}; \
+                 reaper lines: {}; left: {left:?}\nworkers' reaper lines: {reaper:#?}\n\
+                 Serve's controller (last lines):\n{}",
                 n.len(),
                 o.len(),
-                c.serve_status(),
+                reaper.len(),
                 String::from_utf8_lossy(&controller.stdout)
             );
         }
