@@ -634,6 +634,9 @@ fn wait_engines_of(c: &Cluster, new: &str, old: &str) {
         .map(str::to_string)
         .collect::<Vec<_>>()
     };
+    // An image's tag alone (stub-b-ray2.53.0): the failure's first line is
+    // short, and CI keeps about 300 characters of it.
+    let tag = |image: &str| image.rsplit(':').next().unwrap_or(image).to_string();
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let (n, o) = (engines(new), engines(old));
@@ -689,11 +692,13 @@ fn wait_engines_of(c: &Cluster, new: &str, old: &str) {
                  /tmp/ray/session_latest/logs/serve/controller_*.log 2>/dev/null | tail -n 60",
             ]));
             panic!(
-                "the upgrade did not end in 300 s: {} engines of {new}, {} of {old}; Serve: {replicas:?}; \
+                "the upgrade did not end in 300 s: {} engines of {}, {} of {}; Serve: {replicas:?}; \
                  reaper lines: {}; left: {left:?}\nworkers' reaper lines: {reaper:#?}\n\
                  Serve's controller (last lines):\n{}",
                 n.len(),
+                tag(new),
                 o.len(),
+                tag(old),
                 reaper.len(),
                 String::from_utf8_lossy(&controller.stdout)
             );
