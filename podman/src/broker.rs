@@ -147,6 +147,43 @@ pub fn started_by_ray(
     matches!(stat(parent), Some((up, _)) if raylet(up) && is_agent(parent, up))
 }
 
+/// How far up a caller's ancestry [`lifetime_owner`] looks.
+const MAX_ANCESTRY: usize = 256;
+
+/// The process a detached container of `pid`'s call lives as long as
+/// (R-SEC-9: nothing a job starts outlives it): the caller's nearest
+/// ancestor whose parent is this run's raylet (the Ray worker running the
+/// job's task: Ray ends a job's workers when the job ends) or `ray start`
+/// itself (a Ray daemon); for a caller outside Ray's tree, its outermost
+/// ancestor in this PID namespace (an operator's `docker exec`: the exec'd
+/// process; a process left to PID 1 or to the raylet's subreaper: itself).
+/// An ancestor gone during the walk ends it at the last live one (a
+/// shorter life, never a longer one). `None` when the caller is gone.
+/// `stat` gives a pid's parent and name; `ray` is `ray start`'s pid (0
+/// while Ray does not run).
+pub fn lifetime_owner(
+    pid: i32,
+    ray: i32,
+    stat: impl Fn(i32) -> Option<(i32, String)>,
+) -> Option<i32> {
+    let (mut parent, _) = stat(pid)?;
+    let mut p = pid;
+    for _ in 0..MAX_ANCESTRY {
+        if parent <= 1 || (ray > 0 && parent == ray) {
+            return Some(p);
+        }
+        let Some((up, name)) = stat(parent) else {
+            return Some(p);
+        };
+        if ray > 0 && up == ray && name == "raylet" {
+            return Some(p);
+        }
+        p = parent;
+        parent = up;
+    }
+    Some(p)
+}
+
 /// The runtime_env agent's port on a raylet's command line
 /// (`--runtime_env_agent_port=N`, NUL-separated as in /proc/<pid>/cmdline).
 fn agent_port(cmdline: &[u8]) -> Option<u16> {
@@ -353,9 +390,19 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
         }
     };
     let tx = report_tx.as_raw_fd();
+    // Decided here, by PID 1, once: the caller's word is never asked.
+    let lifetime = (pid > 0)
+        .then(|| lifetime_owner(pid, ray, parent_and_name))
+        .flatten()
+        .map(|owner| {
+            // Unreadable: gone already, so its containers go at the next sweep.
+            let start = crate::docker::process_start(owner as u32).unwrap_or(0);
+            format!("{owner}:{start}")
+        });
     let mut cmd = Command::new(exe);
     cmd.arg(HANDLER_COMMAND)
         .arg(&cfg.settings)
+        .args(lifetime)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -719,6 +766,49 @@ mod tests {
         // Below the bound a Ray-started call takes a shared place.
         let mut c = Calls::default();
         assert_eq!(c.admit(1000, || Some(77)), Ok(Place::Shared));
+    }
+
+    #[test]
+    fn a_detached_containers_life_is_its_jobs_worker_or_the_outermost_exec() {
+        // pid -> (parent, name): ray start 10, its raylet 11, a job's worker
+        // 12, the task's shell 13 and its podman 14; a process the job
+        // named raylet (20, the worker's child) and its podman 21; an
+        // operator's `docker exec` 40 (parent 0: outside this namespace)
+        // and its podman 41; an orphan left to the raylet (50) or to PID 1
+        // (60) calling podman itself; 70's parent 69 is gone.
+        let table = |pid: i32| -> Option<(i32, String)> {
+            let (parent, name) = match pid {
+                10 => (1, "ray"),
+                11 => (10, "raylet"),
+                12 => (11, "default_worker"),
+                13 => (12, "sh"),
+                14 => (13, "podman"),
+                20 => (12, "raylet"),
+                21 => (20, "podman"),
+                40 => (0, "bash"),
+                41 => (40, "podman"),
+                50 => (11, "daemon"),
+                60 => (1, "daemon"),
+                70 => (69, "podman"),
+                _ => return None,
+            };
+            Some((parent, name.to_string()))
+        };
+        // The job's worker, however deep the call and whatever its
+        // processes call themselves.
+        for caller in [12, 13, 14, 20, 21] {
+            assert_eq!(lifetime_owner(caller, 10, table), Some(12), "{caller}");
+        }
+        assert_eq!(lifetime_owner(41, 10, table), Some(40));
+        assert_eq!(lifetime_owner(50, 10, table), Some(50));
+        assert_eq!(lifetime_owner(60, 10, table), Some(60));
+        // A parent gone mid-walk: the last live one, never further up.
+        assert_eq!(lifetime_owner(70, 10, table), Some(70));
+        assert_eq!(lifetime_owner(99, 10, table), None);
+        // No Ray running: a name is no raylet; the outermost ancestor.
+        assert_eq!(lifetime_owner(14, 0, table), Some(10));
+        // A Ray daemon's own call (the raylet's): the raylet's life.
+        assert_eq!(lifetime_owner(11, 10, table), Some(11));
     }
 
     #[test]

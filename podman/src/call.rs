@@ -28,6 +28,11 @@ pub struct Caller {
     /// The caller's environment, in its order: what the container may be
     /// given from it by name, never a setting of the call.
     pub env: Vec<(String, String)>,
+    /// The process a detached container of this call lives as long as
+    /// (pid, start time in clock ticks), decided by PID 1's broker from
+    /// the caller's ancestry (R-SEC-9, `broker::lifetime_owner`); `None`
+    /// for a standalone shim, whose detached containers live until removed.
+    pub lifetime: Option<(u32, u64)>,
 }
 
 impl Caller {
@@ -39,6 +44,7 @@ impl Caller {
                 .unwrap_or_default(),
             ulimits: own_ulimits(),
             env: process_env(),
+            lifetime: None,
         }
     }
 }
@@ -179,6 +185,7 @@ mod tests {
                 ("ARGUS_STATE_DIR", "/tmp/evil"),
                 ("ARGUS_SHIM_POLICY", "x"),
             ]),
+            lifetime: None,
         };
         let c = Call::with_env(
             caller.clone(),

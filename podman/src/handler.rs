@@ -47,13 +47,15 @@ pub const REQUEST_DEADLINE: Duration = Duration::from_secs(3);
 
 /// Serves the call on [`CONNECTION_FD`]; `init_log` installs the log
 /// subscriber once stderr is the client's. Returns the exit code.
-pub fn serve(settings: &Path, init_log: impl FnOnce()) -> u8 {
+/// `lifetime` is the broker's `PID:START` of the process a detached
+/// container of this call lives as long as (`broker::lifetime_owner`).
+pub fn serve(settings: &Path, lifetime: Option<&str>, init_log: impl FnOnce()) -> u8 {
     let _ = privs::make_non_dumpable();
     report::take_fd();
     // SAFETY: the broker passes the connection on this descriptor, and
     // nothing else in this process owns it.
     let sock = unsafe { UnixStream::from_raw_fd(CONNECTION_FD) };
-    let (args, caller) = match become_client(&sock, settings) {
+    let (args, mut caller) = match become_client(&sock, settings) {
         Ok(args) => args,
         Err(e) => {
             let _ = transport::send(
@@ -67,6 +69,7 @@ pub fn serve(settings: &Path, init_log: impl FnOnce()) -> u8 {
             return EXIT_SHIM;
         }
     };
+    caller.lifetime = lifetime.and_then(parse_lifetime);
     init_log();
     let done = Arc::new(AtomicBool::new(false));
     let code = super::run_here(&args, caller, || relay_signals(&sock, done.clone()));
@@ -78,6 +81,13 @@ pub fn serve(settings: &Path, init_log: impl FnOnce()) -> u8 {
     // has exited, so it costs the client nothing.
     report::send(code);
     code
+}
+
+/// Reads the broker's `PID:START` (decimal numbers) of a call's lifetime
+/// owner.
+fn parse_lifetime(s: &str) -> Option<(u32, u64)> {
+    let (pid, start) = s.split_once(':')?;
+    Some((pid.parse().ok()?, start.parse().ok()?))
 }
 
 /// Reads the request and takes on the client's identity; returns its
@@ -150,6 +160,7 @@ fn become_client(sock: &UnixStream, settings: &Path) -> Result<(Vec<String>, Cal
             groups,
             ulimits,
             env,
+            lifetime: None,
         },
     ))
 }

@@ -311,6 +311,7 @@ async fn context(
         owner,
         shim_pid: pid,
         shim_start: docker::process_start(pid).unwrap_or(0),
+        lifetime: call.caller.lifetime,
         groups: call.caller.groups.clone(),
         canonical,
         env_files,

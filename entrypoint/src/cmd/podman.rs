@@ -9,8 +9,14 @@ pub fn run(args: Vec<OsString>) -> u8 {
     argus_podman::run(args)
 }
 
-/// Serves one podman call for the node's broker (`__shim-handler SETTINGS`,
-/// the connection on descriptor 3); returns the call's exit code.
-pub fn handle(settings: OsString) -> u8 {
-    argus_podman::handler::serve(std::path::Path::new(&settings), crate::logging::init_shim)
+/// Serves one podman call for the node's broker (`__shim-handler SETTINGS
+/// [PID:START]`, the connection on descriptor 3; PID:START the process a
+/// detached container of the call lives as long as); returns the call's
+/// exit code.
+pub fn handle(settings: OsString, lifetime: Option<String>) -> u8 {
+    argus_podman::handler::serve(
+        std::path::Path::new(&settings),
+        lifetime.as_deref(),
+        crate::logging::init_shim,
+    )
 }

@@ -87,6 +87,10 @@ pub struct Context {
     pub owner: String,
     pub shim_pid: u32,
     pub shim_start: u64,
+    /// The process (pid, start) a detached container lives as long as: the
+    /// Ray worker of the calling job, as PID 1 found it (R-SEC-9). `None`:
+    /// a detached container lives until removed or the node stops.
+    pub lifetime: Option<(u32, u64)>,
     /// The caller's supplementary groups, for `--group-add keep-groups`.
     pub groups: Vec<u32>,
     /// Canonical forms of the bind sources (resolved at the edge).
@@ -160,11 +164,17 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
     }
     labels.insert(LABEL_OWNER.into(), ctx.owner.clone());
     labels.insert(LABEL_RM.into(), if o.rm { "1".into() } else { "0".into() });
-    if !o.detach {
-        // A detached container outlives its shim on purpose: it carries no
-        // pid, so only the node-stop sweep removes it.
-        labels.insert(LABEL_PID.into(), ctx.shim_pid.to_string());
-        labels.insert(LABEL_START.into(), ctx.shim_start.to_string());
+    // The process whose end removes the container (the janitor's sweep of
+    // dead owners): an attached one's shim; a detached one outlives its
+    // shim on purpose, but not its job (R-SEC-9): it carries the calling
+    // job's Ray worker, and without one only the node-stop sweep removes it.
+    let owner = match o.detach {
+        false => Some((ctx.shim_pid, ctx.shim_start)),
+        true => ctx.lifetime,
+    };
+    if let Some((pid, start)) = owner {
+        labels.insert(LABEL_PID.into(), pid.to_string());
+        labels.insert(LABEL_START.into(), start.to_string());
     }
 
     let entrypoint = o.entrypoint.as_ref().map(|e| {
@@ -745,6 +755,30 @@ mod tests {
             (Some(true), Some(false), Some(false))
         );
         assert!(!p.body.labels.unwrap().contains_key(LABEL_PID));
+    }
+
+    #[test]
+    fn a_detached_container_carries_its_jobs_worker_never_its_shim() {
+        let mut c = ctx(None);
+        c.lifetime = Some((77, 9001));
+        // Detached: the job's worker, whose end removes it (R-SEC-9).
+        let labels = translate(&run_opts(&["run", "-d", "i"]), &c)
+            .unwrap()
+            .body
+            .labels
+            .unwrap();
+        assert_eq!(
+            (&labels[LABEL_PID][..], &labels[LABEL_START][..]),
+            ("77", "9001")
+        );
+        // Attached: its shim, as before, whatever the worker.
+        let labels = translate(&run_opts(&["run", "i"]), &c)
+            .unwrap()
+            .body
+            .labels
+            .unwrap();
+        assert_eq!(labels[LABEL_PID], "4242");
+        assert_ne!(labels[LABEL_START], "9001");
     }
 
     #[test]
