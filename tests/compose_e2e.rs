@@ -1925,7 +1925,7 @@ fn containers_of(image: &str) -> Vec<String> {
 /// The R-SEC-9 phase of the security test: a job's detached container and
 /// double-forked daemon end with the job (see the call site).
 fn job_leaves_nothing_behind(c: &Cluster, head: &str, img: &str) {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::{BufRead, BufReader};
     let release = "/tmp/argus-e2e-job-may-end";
     let driver = format!(
         r#"
@@ -1945,21 +1945,12 @@ while not os.path.exists("{release}") and time.time() - t0 < 300:
 "#
     );
     let _ = run(Command::new("docker").args(["exec", head, "rm", "-f", release]));
-    let mut child = Command::new("docker")
-        .args([
+    let mut child = spawn_with_stdin(
+        &[
             "exec", "-u", "ray", "-i", head, "timeout", "600", "python", "-",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("docker");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(driver.as_bytes())
-        .unwrap();
+        ],
+        &driver,
+    );
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let Some(planted) = lines
         .by_ref()

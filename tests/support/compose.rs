@@ -755,6 +755,12 @@ pub fn ids(nodes: &[Node]) -> Vec<String> {
 
 /// Runs `docker ARGS` with `input` on its stdin; returns its output.
 pub fn with_stdin(args: &[&str], input: &str) -> Output {
+    spawn_with_stdin(args, input).wait_with_output().unwrap()
+}
+
+/// Starts `docker ARGS` with `input` on its stdin (then closed) and its
+/// stdout and stderr piped, without waiting for it.
+pub fn spawn_with_stdin(args: &[&str], input: &str) -> std::process::Child {
     use std::io::Write;
     let mut child = Command::new("docker")
         .args(args)
@@ -769,7 +775,7 @@ pub fn with_stdin(args: &[&str], input: &str) -> Output {
         .unwrap()
         .write_all(input.as_bytes())
         .unwrap();
-    child.wait_with_output().unwrap()
+    child
 }
 
 /// Runs `podman ARGS` in `container` as the Ray user (the identity of every
