@@ -1026,15 +1026,39 @@ print(json.dumps(ray.get(actor.incr.remote(), timeout=60)))
 /// the job's own next call is refused at the bound meanwhile.
 fn ray_starts_engines_while_a_job_holds_every_podman_place(c: &Cluster, image: &str) {
     let worker = c.container("worker-1");
-    let held = podman_as_ray(
+    // The job: a shell of the Ray user that stays. A detached container
+    // lives as long as the process that asked for it (R-SEC-9: outside
+    // Ray's tree, the exec's outermost process), so the shell asks and
+    // then stays (exec keeps its pid and start time).
+    let id_file = "/tmp/argus-e2e-held-container";
+    run(Command::new("docker").args([
+        "exec",
+        "-d",
+        "-u",
+        "ray",
         &worker,
-        &["run", "-d", "--entrypoint", "sleep", image, "600"],
-    );
-    let target = String::from_utf8_lossy(&held.stdout).trim().to_string();
+        "sh",
+        "-c",
+        &format!(
+            "podman run -d --entrypoint sleep {image} 600 >{id_file}.new 2>&1; \
+             mv {id_file}.new {id_file}; exec sleep 900"
+        ),
+    ]));
+    let t0 = Instant::now();
+    let target = loop {
+        let o = output(Command::new("docker").args(["exec", &worker, "cat", id_file]));
+        if o.status.success() {
+            break String::from_utf8_lossy(&o.stdout).trim().to_string();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the job's own container: no answer from its podman run"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(
-        held.status.success() && !target.is_empty(),
-        "the job's own container: {}",
-        String::from_utf8_lossy(&held.stderr)
+        target.len() == 64 && target.bytes().all(|b| b.is_ascii_hexdigit()),
+        "the job's own container: {target}"
     );
     run(Command::new("docker").args([
         "exec",
@@ -1118,6 +1142,16 @@ print(json.dumps(info))
     ]));
     // The held calls end with their container, whatever the verdict.
     run(Command::new("docker").args(["rm", "-f", &target]));
+    let _ = output(Command::new("docker").args([
+        "exec",
+        &worker,
+        "pkill",
+        "-u",
+        "ray",
+        "-x",
+        "-f",
+        "sleep 900",
+    ]));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
