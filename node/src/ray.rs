@@ -20,10 +20,6 @@ use argus_telemetry::status::NodeState;
 
 use super::{Event, Node, Target, CRASH_LOOP_AFTER};
 
-/// Ray's setting that makes the raylet reap and kill what a job's workers
-/// leave behind (Ray's docs: "Lifetimes of a User-Spawn Process").
-const RAY_SUBREAPER: &str = "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper";
-
 /// The running `ray start --block`.
 pub(super) struct RayRun {
     pub(super) run: u64,
@@ -175,17 +171,6 @@ impl<R: super::RoleLoop> Node<R> {
             }
         }
         cmd.env_remove("RAY_AUTH_TOKEN_PATH");
-        // R-SEC-9: nothing a job starts outlives it. Ray's raylet becomes a
-        // subreaper and its workers too: a task's double-forked daemon stays
-        // its worker's child while the worker lives, and when the worker
-        // ends (Ray ends a job's workers with the job) whatever it left
-        // goes to the raylet, which kills every child it did not start
-        // within 10 s. Ray calls it deprecated in favour of process groups,
-        // which a `setsid` escapes; this cannot be escaped from inside the
-        // tree. An operator's own value in PID 1's environment wins.
-        if std::env::var_os(RAY_SUBREAPER).is_none() {
-            cmd.env(RAY_SUBREAPER, "true");
-        }
         let mut secret = None;
         match (&target, &self.cfg.gcs_ft_redis) {
             // R-WRK-7 on the head: the GCS keeps its tables in Redis, under
