@@ -54,6 +54,26 @@ pub(super) struct HeadRole {
     pub(super) rule: Option<String>,
     /// Entries of `epochs/` last found not to be the agent's (logged once).
     pub(super) ignored_claims: Vec<String>,
+    /// A claim of this generation timed out ([`STORAGE_BOUND`]) and may
+    /// still have been made, as ours, after the bound: the next standby
+    /// read asks who holds it ([`adopts_claim`]).
+    pub(super) unsure_claim: Option<(u64, &'static str)>,
+}
+
+/// Returns the generation to take as ours without a new claim: the one
+/// whose claim timed out (`unsure`) when it is still the highest claim
+/// (`highest`) and its holder (`holder`, read from the claim) is this
+/// agent (`ours`). A claim that finished after its bound is ours as surely
+/// as one that finished within it; without this, a head on a slow mount
+/// found its own claim, read it as another head's, and waited a TTL for a
+/// record that it alone would write.
+pub(super) fn adopts_claim(
+    unsure: Option<u64>,
+    highest: u64,
+    holder: Option<&str>,
+    ours: &str,
+) -> Option<u64> {
+    unsure.filter(|g| *g == highest && holder == Some(ours))
 }
 
 /// Removes the temp files an earlier head killed mid-publish left next to
@@ -512,21 +532,27 @@ impl Node<HeadRole> {
         let path = self.cfg.head_file.clone();
         let dir = epochs_dir(&path);
         let (p, d) = (path.clone(), dir.clone());
-        let (read, highest) = match self
-            .storage
-            .run("read head record", STORAGE_BOUND, move || {
-                (read_record(&p), claim::scan_generations(&d))
-            }) {
-            Ok(out) => {
-                self.storage_ok();
-                out
-            }
-            Err(e) => {
-                self.storage_failed(&e);
-                self.set_state(NodeState::Standby, format!("{e}"));
-                return;
-            }
-        };
+        let unsure = self.role.unsure_claim.map(|(g, _)| g);
+        let (read, highest, unsure_holder) =
+            match self
+                .storage
+                .run("read head record", STORAGE_BOUND, move || {
+                    (
+                        read_record(&p),
+                        claim::scan_generations(&d),
+                        unsure.and_then(|g| claim::holder_of(&d, g)),
+                    )
+                }) {
+                Ok(out) => {
+                    self.storage_ok();
+                    out
+                }
+                Err(e) => {
+                    self.storage_failed(&e);
+                    self.set_state(NodeState::Standby, format!("{e}"));
+                    return;
+                }
+            };
         let now = Instant::now();
         let current = match read {
             Ok((rec, raw)) => {
@@ -565,6 +591,27 @@ impl Node<HeadRole> {
                 return;
             }
         };
+        if let Some((g, label)) = self.role.unsure_claim.take() {
+            if adopts_claim(Some(g), highest, unsure_holder.as_deref(), &self.holder_id).is_some() {
+                info!(
+                    generation = g,
+                    "the claim that timed out was made, as ours: holding the generation"
+                );
+                argus_telemetry::metrics::takeover(label);
+                let prev_seq = current
+                    .as_ref()
+                    .or(self.role.last_good.as_ref())
+                    .map_or(0, |r| r.seq);
+                let h = &mut self.role;
+                h.generation = Some(g);
+                h.seq = prev_seq;
+                h.probes = Probes::default();
+                h.rule = Some(format!(
+                    "claimed generation {g} (the claim outlasted its bound)"
+                ));
+                return;
+            }
+        }
         let own_gcs = SocketAddr::new(self.ip, self.cfg.ray_port);
         let (ttl, unchanged_for, missing) = (
             self.cfg.ttl,
@@ -642,7 +689,13 @@ impl Node<HeadRole> {
                 }
                 Ok::<_, claim::ClaimError>(won)
             })
-            .map_err(|e| e.to_string())
+            .map_err(|e| {
+                if matches!(e, argus_supervise::storage::StorageError::TimedOut { .. }) {
+                    // It may still be made, as ours: the next read asks.
+                    self.role.unsure_claim = Some((next, rule.label()));
+                }
+                e.to_string()
+            })
             .and_then(|r| r.map_err(|e| e.to_string()));
         match claimed {
             Ok(true) => {
@@ -798,6 +851,40 @@ mod tests {
     use super::*;
 
     const TTL: Duration = Duration::from_secs(60);
+
+    /// Regression: a head whose claim outlasted the storage bound on a
+    /// starved CPU read its own claim as another head's and waited a TTL
+    /// (preflight_run, under a busy loop).
+    #[test]
+    fn a_claim_that_timed_out_is_adopted_only_when_it_is_ours_and_still_highest() {
+        let me = "host/7/abc";
+        assert_eq!(adopts_claim(Some(3), 3, Some(me), me), Some(3));
+        assert_eq!(
+            adopts_claim(Some(3), 3, Some("host/8/def"), me),
+            None,
+            "another head's"
+        );
+        assert_eq!(
+            adopts_claim(Some(3), 4, Some(me), me),
+            None,
+            "a newer claim exists"
+        );
+        assert_eq!(
+            adopts_claim(Some(3), 3, None, me),
+            None,
+            "never made (or unreadable)"
+        );
+        assert_eq!(
+            adopts_claim(None, 3, Some(me), me),
+            None,
+            "no claim timed out"
+        );
+        assert_eq!(
+            adopts_claim(Some(3), 3, Some("host/7/ab"), me),
+            None,
+            "a prefix is not ours"
+        );
+    }
 
     fn own() -> SocketAddr {
         "10.0.0.9:6379".parse().unwrap()
