@@ -319,7 +319,15 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
     wait_answers(&work, 40, Duration::from_secs(300));
 
     // A crash first, while the replicas are spread over both workers:
-    // docker kill, then start.
+    // docker kill, then start. The spread is waited for, not assumed: on a
+    // loaded machine Serve placed the first replicas before the second
+    // worker could take any, and the crash of the one that held them all
+    // failed every request until Serve had started them again (an outage
+    // the phase does not test; R-SERVE-8 spreads them within seconds).
+    log(&format!(
+        "before worker-1's crash: {}",
+        wait_spread(&c, "before worker-1's crash")
+    ));
     set_phase(&work, "crash worker-1");
     let mut kills = vec![crash_and_restart(&c, &work, "worker-1")];
     wait_whole(&c, "worker-1 back after the crash");
@@ -332,6 +340,13 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
     // Once each (the roll below drains both workers once more, under the
     // same checks: the second round this loop used to make).
     for w in ["worker-1", "worker-2"] {
+        // Each drain starts from the same health: both workers serving
+        // (a worker back from a crash or a restart holds no replica until
+        // Serve spreads them again, and its proxy is then leaving the lb).
+        log(&format!(
+            "before {w}'s stop: {}",
+            wait_spread(&c, &format!("before {w}'s stop"))
+        ));
         set_phase(&work, &format!("stop+start {w}"));
         drains.insert(format!("stop {w}"), docker_stop(&c, w));
         wait_answers(&work, 10, Duration::from_secs(120));
