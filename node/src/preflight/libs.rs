@@ -87,6 +87,13 @@ fn run_child(exe: &std::path::Path, timeout: Duration, stop: &Stop) -> LibReport
         ..Default::default()
     };
     if cap.timed_out {
+        // A whole report means both inits returned: the probe was killed
+        // while it exited (a loaded machine: a debug build's probe printed
+        // its report and was still tearing down at a 1 s timeout). The
+        // timeout is about a wedged init, which a report rules out.
+        if let Ok(r) = serde_json::from_slice::<LibReport>(&cap.stdout) {
+            return r;
+        }
         return LibReport::both_failed(
             Class::Transient,
             "library-init-timeout",

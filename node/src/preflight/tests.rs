@@ -446,3 +446,52 @@ fn status_names_are_those_of_the_verdict_json() {
         assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
     }
 }
+
+/// Regression: on a loaded machine the library probe printed its whole
+/// report and was still exiting at a 1 s timeout; the inits had returned,
+/// so the report is the answer, not "did not return" (preflight's
+/// nvidia_smi_hang test failed so in a cold CI run). A probe that printed
+/// nothing whole is still a timeout.
+#[test]
+fn a_library_probe_that_answered_and_lingered_is_judged_on_its_report() {
+    use std::os::unix::fs::PermissionsExt;
+    argus_supervise::reaper::init_in_test().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let report = libs::LibReport {
+        nvml: Check::pass(libs::NVML, "nvmlInit_v2 ok, 1 device(s)"),
+        cuda: Check::pass(libs::CUDA, "cuInit ok, 1 device(s)"),
+        nvml_count: Some(1),
+        cuda_count: Some(1),
+        libcuda_path: None,
+    };
+    let probe = |name: &str, out: &str| {
+        let p = d.path().join(name);
+        std::fs::write(
+            &p,
+            format!("#!/bin/sh\nprintf '%s' '{out}'\nexec sleep 30\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        LibProbe::Exec(p)
+    };
+    let whole = serde_json::to_string(&report).unwrap();
+    let t = Instant::now();
+    let got = libs::run(
+        &probe("answered", &whole),
+        Duration::from_millis(500),
+        &Stop::new(),
+    );
+    assert_eq!(got, report);
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "the lingering probe was not killed"
+    );
+    let half = &whole[..whole.len() / 2];
+    let got = libs::run(
+        &probe("cut", half),
+        Duration::from_millis(500),
+        &Stop::new(),
+    );
+    assert_eq!(got.cuda.signature.as_deref(), Some("library-init-timeout"));
+    assert_eq!(got.nvml.signature.as_deref(), Some("library-init-timeout"));
+}
