@@ -53,6 +53,12 @@ use argus_telemetry::status::{self, NodeState, Status};
 /// The longest the loop sleeps when no deadline is nearer (a safety net:
 /// every wait has its own deadline, and the status heartbeat comes first).
 const IDLE_WAKE: Duration = Duration::from_secs(30);
+/// How often the status heartbeat also rewrites the metrics snapshot
+/// (`argus-agent metrics` without a metrics port): rendering it was the
+/// largest part of an idle worker's wake-ups of the loop, each 10 s, for a
+/// file that only a person reads. Every other status write (a change of
+/// state, the proxy, the start) rewrites it at once.
+const SNAPSHOT_EVERY: Duration = Duration::from_secs(60);
 /// How often the process tree is scanned for the raylet and GCS.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// How often a waiting node repeats why it waits.
@@ -257,6 +263,8 @@ pub(crate) struct Node<R = ()> {
     reason: String,
     state_since: SystemTime,
     last_status: Option<Instant>,
+    /// When the metrics snapshot was last written ([`SNAPSHOT_EVERY`]).
+    last_snapshot: Option<Instant>,
     /// The state folder, held open between the heartbeat's writes.
     state_files: argus_discovery::VolatileDir,
     last_wait_log: Option<Instant>,
@@ -333,6 +341,7 @@ impl Node {
             reason: "starting".into(),
             state_since: SystemTime::now(),
             last_status: None,
+            last_snapshot: None,
             state_files,
             last_wait_log: None,
             stop,
@@ -395,6 +404,7 @@ impl Node {
             reason: self.reason,
             state_since: self.state_since,
             last_status: self.last_status,
+            last_snapshot: self.last_snapshot,
             state_files: self.state_files,
             last_wait_log: self.last_wait_log,
             stop: self.stop,
@@ -603,7 +613,10 @@ impl<R: RoleLoop> Node<R> {
             .last_status
             .is_none_or(|t| t.elapsed() >= status::HEARTBEAT)
         {
-            self.write_status();
+            let snapshot = self
+                .last_snapshot
+                .is_none_or(|t| t.elapsed() >= SNAPSHOT_EVERY);
+            self.write_status_and(snapshot);
         }
     }
 
@@ -708,6 +721,11 @@ impl<R: RoleLoop> Node<R> {
     }
 
     fn write_status(&mut self) {
+        self.write_status_and(true);
+    }
+
+    /// Writes the status file, and the metrics snapshot when `snapshot`.
+    fn write_status_and(&mut self, snapshot: bool) {
         self.last_status = Some(Instant::now());
         let now = Instant::now();
         let role = R::status(self);
@@ -749,6 +767,10 @@ impl<R: RoleLoop> Node<R> {
         }
         argus_telemetry::metrics::set_head(st.head_generation, role.record_changed_at);
         argus_telemetry::metrics::set_failures(st.consecutive_failures, st.crash_loop);
+        if !snapshot {
+            return;
+        }
+        self.last_snapshot = Some(Instant::now());
         if let Err(e) = argus_telemetry::metrics::write_snapshot(&mut self.state_files) {
             debug!(error = %e, "cannot write the metrics snapshot");
         }
