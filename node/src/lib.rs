@@ -54,10 +54,11 @@ use argus_telemetry::status::{self, NodeState, Status};
 /// every wait has its own deadline, and the status heartbeat comes first).
 const IDLE_WAKE: Duration = Duration::from_secs(30);
 /// How often the status heartbeat also rewrites the metrics snapshot
-/// (`argus-agent metrics` without a metrics port): rendering it was the
-/// largest part of an idle worker's wake-ups of the loop, each 10 s, for a
-/// file that only a person reads. Every other status write (a change of
-/// state, the proxy, the start) rewrites it at once.
+/// (`argus-agent metrics` without a metrics port): rendering and writing
+/// its 6 KB every 10 s, for a file only a person reads, was about a fifth
+/// of an idle worker's loop CPU (docs/operations.md, "The cost of idle
+/// agents"). Every other status write (a change of state, the proxy, the
+/// start) rewrites it at once.
 const SNAPSHOT_EVERY: Duration = Duration::from_secs(60);
 /// How often the process tree is scanned for the raylet and GCS.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
