@@ -52,8 +52,14 @@ impl ProcTree {
         Self { sys: System::new() }
     }
 
-    /// Re-reads the process list (names and parents only).
+    /// Re-reads the process list (names and parents only), from nothing:
+    /// sysinfo reads a known process's name only when it first sees it
+    /// (a pid with the same start time keeps its old name), so a daemon
+    /// caught between fork and exec (`ray start`'s Popen) would keep its
+    /// parent's name for good and never be watched. Every process's
+    /// `/proc/<pid>/stat` is read on each scan either way.
     pub fn refresh(&mut self) {
+        self.sys = System::new();
         self.sys.refresh_processes_specifics(
             ProcessesToUpdate::All,
             true,
@@ -61,8 +67,10 @@ impl ProcTree {
         );
     }
 
-    /// Re-reads the process list with each process's user.
+    /// Re-reads the process list with each process's user (from nothing,
+    /// as [`ProcTree::refresh`]).
     pub fn refresh_with_users(&mut self) {
+        self.sys = System::new();
         self.sys.refresh_processes_specifics(
             ProcessesToUpdate::All,
             true,
@@ -349,6 +357,42 @@ mod live_tests {
                 .any(|p| p.pid == child.id() && p.name == "sleep" && !p.zombie),
             "{d:?}"
         );
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// A process first seen before its exec is seen under its new name
+    /// after it (the raylet, caught by a scan between `ray start`'s fork
+    /// and exec, must still be found as `raylet`).
+    #[test]
+    fn a_process_seen_before_its_exec_is_seen_by_its_new_name_after_it() {
+        use std::io::Write;
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "read go; exec sleep 30"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let name_in = |t: &ProcTree| {
+            t.descendants(std::process::id())
+                .into_iter()
+                .find(|p| p.pid == pid)
+                .map(|p| p.name)
+        };
+        let mut t = ProcTree::new();
+        t.refresh();
+        assert_eq!(name_in(&t).as_deref(), Some("sh"));
+        writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+        let comm = || std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while comm().trim() != "sleep" {
+            assert!(Instant::now() < deadline, "the shell never exec'd sleep");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        t.refresh();
+        assert_eq!(name_in(&t).as_deref(), Some("sleep"));
+        t.refresh_with_users();
+        assert_eq!(name_in(&t).as_deref(), Some("sleep"));
         let _ = child.kill();
         let _ = child.wait();
     }
