@@ -148,7 +148,17 @@ impl RayWatch {
     /// zombie.
     pub fn check(&mut self, descendants: &[ProcInfo]) -> Option<(&'static str, u32)> {
         for name in self.names.clone() {
-            let live = descendants.iter().find(|p| p.name == name && !p.zombie);
+            // A daemon's own fork before its exec (the raylet starting a
+            // worker) carries the daemon's name too: the daemon is the one
+            // whose parent is not of that name.
+            let forked_by_namesake = |p: &ProcInfo| {
+                descendants
+                    .iter()
+                    .any(|q| q.pid == p.ppid && q.name == name)
+            };
+            let live = descendants
+                .iter()
+                .find(|p| p.name == name && !p.zombie && !forked_by_namesake(p));
             if live.is_none() {
                 // Died before it was first seen: its zombie still tells.
                 if let Some(z) = descendants.iter().find(|p| p.name == name && p.zombie) {
@@ -316,6 +326,21 @@ mod tests {
         let mut d: Vec<u32> = descendants_of(&procs, 10).iter().map(|p| p.pid).collect();
         d.sort();
         assert_eq!(d, vec![11, 12]);
+    }
+
+    #[test]
+    fn ray_watch_takes_the_daemon_not_its_fork_before_exec() {
+        let mut w = RayWatch::new(false);
+        // The raylet's child between fork and exec, listed first.
+        let forking = vec![p(13, 11, "raylet", false), p(11, 10, "raylet", false)];
+        assert_eq!(w.check(&forking), None);
+        assert_eq!(w.pid_of("raylet"), Some(11));
+        // The child exec'd and exited: the raylet is still the one watched.
+        assert_eq!(w.check(&[p(11, 10, "raylet", false)]), None);
+        assert_eq!(w.pid_of("raylet"), Some(11));
+        // The raylet died, its fork not yet exec'd: that is the death.
+        let died = vec![p(13, 11, "raylet", false), p(11, 10, "raylet", true)];
+        assert_eq!(w.check(&died), Some(("raylet", 11)));
     }
 
     #[test]
