@@ -669,10 +669,64 @@ fn wait_engines_of(c: &Cluster, new: &str, old: &str) {
                 .map(|id| {
                     inspect(
                         id,
-                        "{{.Name}} {{.State.Status}} started {{.State.StartedAt}} owner {{index .Config.Labels \"io.argus.shim.owner\"}}",
+                        "{{.Name}} {{.State.Status}} started {{.State.StartedAt}} owner {{index .Config.Labels \"io.argus.shim.owner\"}} shim pid {{index .Config.Labels \"io.argus.shim.pid\"}}",
                     )
                 })
+                .map(|l| {
+                    // Whether its shim (the Ray worker process the raylet
+                    // started) still runs in the owner node: a live shim is
+                    // a replica Ray never killed; a dead one, a janitor
+                    // that did not sweep.
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    let (owner, pid) = (f.get(5).copied(), f.get(8).copied());
+                    let shim = match (owner, pid) {
+                        (Some(o), Some(p)) => {
+                            let st = output(Command::new("docker").args([
+                                "exec",
+                                o,
+                                "sh",
+                                "-c",
+                                &format!("cut -d' ' -f2,3 /proc/{p}/stat 2>&1 | head -c 80"),
+                            ]));
+                            String::from_utf8_lossy(&st.stdout).trim().to_string()
+                        }
+                        _ => "?".into(),
+                    };
+                    format!("{l} (shim: {shim})")
+                })
                 .collect();
+            // Every Serve replica actor the GCS knows: its state, node and
+            // pid (an old-version replica ALIVE here that Serve does not
+            // list is an orphan; DEAD with a live worker, #63763's leak).
+            let actors: Vec<String> = c
+                .dashboard_get("/api/v0/actors?detail=1&limit=200")
+                .map(|v| {
+                    v["data"]["result"]["result"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|a| {
+                            a["class_name"]
+                                .as_str()
+                                .is_some_and(|c| c.starts_with("ServeReplica:"))
+                        })
+                        .map(|a| {
+                            format!(
+                                "{} {} node {:.8} pid {}",
+                                a["actor_id"]
+                                    .as_str()
+                                    .unwrap_or("?")
+                                    .chars()
+                                    .take(8)
+                                    .collect::<String>(),
+                                a["state"].as_str().unwrap_or("?"),
+                                a["node_id"].as_str().unwrap_or("?"),
+                                a["pid"]
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_else(|e| vec![format!("actor list failed: {e}")]);
             let replicas: Vec<String> = match c.serve_status() {
                 Ok(v) => v["applications"]
                     .as_object()
@@ -708,7 +762,8 @@ fn wait_engines_of(c: &Cluster, new: &str, old: &str) {
             ]));
             panic!(
                 "the upgrade did not end in 300 s: {} engines of {}, {} of {}; Serve: {replicas:?}; \
-                 reaper lines: {}; left: {left:?}\nworkers' reaper lines: {reaper:#?}\n\
+                 reaper lines: {}; left: {left:?}\nreplica actors in the GCS: {actors:#?}\n\
+                 workers' reaper lines: {reaper:#?}\n\
                  Serve's controller (last lines):\n{}",
                 n.len(),
                 tag(new),
