@@ -81,17 +81,85 @@ fn stop_removes_engines(ray_ignores_term: bool) {
     assert!(o.status.success(), "{}", shim_support::show(&o));
     assert_eq!(shim_support::containers_with(&engine_label).len(), 1);
 
+    // A call under way at the stop (connected, its request not sent yet:
+    // Ray's retry of a task, caught mid-way in CI), which creates its
+    // engine after the stop's first removal listed the node's containers.
+    let late_label = format!("{label}-late");
+    let late = ray_ignores_term.then(|| {
+        let sock = std::os::unix::net::UnixStream::connect(
+            std::path::Path::new(&env["ARGUS_STATE_DIR"]).join("shim.sock"),
+        )
+        .expect("the broker's socket");
+        (sock, late_label.clone())
+    });
+
     a.signal(libc::SIGTERM);
+    let mut late_answer = None;
+    let mut refused = None;
+    if let Some((sock, late_label)) = late {
+        // Ray's grace (8 s) is the window: once the first removal took the
+        // engine above, the late call goes on, and a new call comes.
+        let t = std::time::Instant::now();
+        while !shim_support::containers_with(&engine_label).is_empty() {
+            assert!(
+                t.elapsed() < Duration::from_secs(6),
+                "the stop's first removal did not come\n{}",
+                a.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        argus_podman::transport::send_fds(&sock, &[0, 1, 2]).unwrap();
+        let request = argus_podman::transport::Request {
+            args: [
+                "run",
+                "-d",
+                "--label",
+                &late_label,
+                shim_support::image(),
+                "/bin/tool",
+                "sleep",
+                "120",
+            ]
+            .map(String::from)
+            .to_vec(),
+            cwd: "/".into(),
+            env: vec![("ARGUS_SHIM_SELF_ID".into(), ray_container.clone())],
+        };
+        argus_podman::transport::send(&sock, &request).unwrap();
+        late_answer = Some(argus_podman::transport::recv::<
+            argus_podman::transport::ToClient,
+        >(&sock));
+        // A call that comes during the stop.
+        refused = Some(shim_support::output(
+            shim_support::podman(&[
+                "run",
+                "-d",
+                "--label",
+                &format!("{late_label}-new"),
+                shim_support::image(),
+                "/bin/tool",
+                "sleep",
+                "120",
+            ])
+            .env("ARGUS_SHIM_SELF_ID", &ray_container)
+            .env("ARGUS_STATE_DIR", &env["ARGUS_STATE_DIR"]),
+        ));
+    }
     let (st, took) = a
         .wait_exit(Duration::from_secs(15))
         .expect("agent did not exit");
     assert_eq!(st.code(), Some(0), "{}", a.log());
-    let left = shim_support::containers_with(&engine_label);
+    let mut left = shim_support::containers_with(&engine_label);
+    if ray_ignores_term {
+        left.extend(shim_support::containers_with(&late_label));
+        left.extend(shim_support::containers_with(&format!("{late_label}-new")));
+    }
     shim_support::force_remove(&left);
     shim_support::force_remove(&[ray_container]);
     assert!(
         left.is_empty(),
-        "engine containers left after the node stopped: {left:?}\n{}",
+        "engine containers left after the node stopped: {left:?} (a call under way at the stop: {late_answer:?}; a call during the stop: {})\n{}",
+        refused.as_ref().map(shim_support::show).unwrap_or_default(),
         a.log()
     );
     eprintln!("stop took {took:?} (ray ignores SIGTERM: {ray_ignores_term})");

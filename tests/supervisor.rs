@@ -260,6 +260,41 @@ fn sigterm_escalates_to_sigkill_when_ray_ignores_term() {
     }
 }
 
+/// A second stop signal during the stop cuts Ray's grace short: the
+/// operator insists (a second `docker stop`, Ctrl-C twice). The first
+/// signal's own event, which may reach the loop after its stop began,
+/// is not one (the test above).
+#[test]
+fn a_second_sigterm_during_the_stop_kills_ray_at_once() {
+    let sb = Sandbox::new();
+    let mut env = sb.env("k2", "head");
+    env.insert("FAKE_RAY_IGNORE_TERM".into(), "1".into());
+    env.insert("ARGUS_STOP_GRACE_S".into(), "8".into());
+    let mut a = Agent::start(&sb, "k2", &env);
+    a.wait_for("running and ray ready", Duration::from_secs(30), |a| {
+        a.state() == "running" && sb.ray_ready("k2")
+    });
+    let ray_pid = sb.ray_starts("k2")[0]["pid"].as_i64().unwrap();
+    a.signal(libc::SIGTERM);
+    a.wait_for("stopping", Duration::from_secs(10), |a| {
+        a.state() == "stopping"
+    });
+    let t = std::time::Instant::now();
+    a.signal(libc::SIGTERM);
+    let (st, _) = a
+        .wait_exit(Duration::from_secs(15))
+        .expect("agent did not exit");
+    let took = t.elapsed();
+    assert_eq!(st.code(), Some(0), "{}", a.log());
+    assert!(!alive(ray_pid), "ray left behind");
+    // Killed, not waited for: the grace (8 s) was cut short.
+    assert!(
+        took < Duration::from_secs(7),
+        "exit took {took:?} after the second SIGTERM: the 8 s grace was not cut short\n{}",
+        a.log()
+    );
+}
+
 #[test]
 fn crash_loop_backs_off_exponentially_and_shows_in_status() {
     let sb = Sandbox::new();

@@ -1,6 +1,10 @@
 //! The node's one container-janitor thread (R-SHIM-4): every 30 s it
 //! removes engine containers whose shim died; when the stop handle fires
-//! it removes every container this node owns, while Ray is being stopped.
+//! it removes every container this node owns, while Ray is being stopped,
+//! and once more when the node asks, after every podman handler is gone:
+//! a call under way at the stop may create its container after the first
+//! removal listed the node's containers (seen in CI: a task's retry
+//! started an engine 2 s before its node stopped, and it outlived it).
 //!
 //! One thread, fed by a channel: a sweep that hangs on the Docker daemon
 //! delays the next one instead of piling up threads.
@@ -21,8 +25,10 @@ type Outcome = Result<usize, String>;
 
 /// A handle to the janitor thread.
 pub(super) struct Janitor {
-    /// The outcome of the removal at stop.
+    /// The outcomes of the removals at stop.
     removed: Option<Receiver<Outcome>>,
+    /// Asks for the last removal.
+    last: Option<mpsc::Sender<()>>,
 }
 
 impl Janitor {
@@ -33,7 +39,8 @@ impl Janitor {
     /// once, while the node stops Ray, and ends.
     pub(super) fn start(stop: &Stop) -> Self {
         let (wake, woken) = mpsc::channel::<()>();
-        let (done, removed) = mpsc::sync_channel(1);
+        let last = wake.clone();
+        let (done, removed) = mpsc::sync_channel(2);
         // Cuts a periodic sweep short at the stop, so that the removal of
         // everything owned starts at once.
         let cut = CancellationToken::new();
@@ -49,11 +56,15 @@ impl Janitor {
                 });
                 Self {
                     removed: Some(removed),
+                    last: Some(last),
                 }
             }
             Err(e) => {
                 warn!(error = %e, "cannot start the container janitor");
-                Self { removed: None }
+                Self {
+                    removed: None,
+                    last: None,
+                }
             }
         }
     }
@@ -65,10 +76,22 @@ impl Janitor {
             .as_ref()
             .is_none_or(|rx| rx.recv_timeout(timeout).is_ok())
     }
+
+    /// Removes every container this node owns once more, after the stop
+    /// sweep ended every podman handler (none can create one any more);
+    /// waits at most `timeout`, as [`Janitor::wait_removed`] (call it
+    /// after that: the outcomes come in order).
+    pub(super) fn remove_last(&self, timeout: Duration) -> bool {
+        if let Some(last) = &self.last {
+            let _ = last.send(());
+        }
+        self.wait_removed(timeout)
+    }
 }
 
 /// The thread: a sweep of dead shims every [`EVERY`] until the stop (a
-/// message on `woken`), then one removal of everything owned.
+/// message on `woken`), then one removal of everything owned, and one more
+/// on the next message (the last, once no handler is left).
 fn run(woken: Receiver<()>, done: SyncSender<Outcome>, cut: CancellationToken) {
     let _ = sweep(JanitorScope::DeadShims, &cut);
     loop {
@@ -76,6 +99,10 @@ fn run(woken: Receiver<()>, done: SyncSender<Outcome>, cut: CancellationToken) {
             Ok(()) => {
                 let all = sweep(JanitorScope::AllOwned, &CancellationToken::new());
                 let _ = done.try_send(all);
+                if woken.recv().is_ok() {
+                    let last = sweep(JanitorScope::AllOwned, &CancellationToken::new());
+                    let _ = done.try_send(last);
+                }
                 return;
             }
             Err(RecvTimeoutError::Timeout) => {

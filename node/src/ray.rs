@@ -405,10 +405,10 @@ impl<R: super::RoleLoop> Node<R> {
             }
             match self.rx.recv_timeout(left) {
                 Ok(Event::RayExited { run: r, exit }) => self.on_ray_exit(r, exit),
-                Ok(Event::Signal(sig @ (Signal::SIGTERM | Signal::SIGINT)))
-                    if self.state == NodeState::Stopping =>
-                {
-                    info!(?sig, "second stop request: killing ray now");
+                // Only a repeated request: the first signal's own event
+                // may come after the stop began (its request came first).
+                Ok(Event::StopAgain(sig)) if self.state == NodeState::Stopping => {
+                    info!(?sig, "stop requested twice: killing ray now");
                     if let Some(r) = &self.ray {
                         let _ = signal::killpg(Pid::from_raw(r.pid as i32), Signal::SIGKILL);
                     }

@@ -299,6 +299,10 @@ pub struct BrokerConfig {
     /// The pid of this node's `ray start` (0: none), kept by the node:
     /// calls of the processes its raylet started may use [`RAY_RESERVE`].
     pub ray_pid: Arc<std::sync::atomic::AtomicI32>,
+    /// The node's stop: once it is requested no new call is served (its
+    /// container would outlive the node: the janitor's removals at the stop
+    /// run while Ray stops).
+    pub stop: argus_supervise::Stop,
 }
 
 /// Binds the broker's socket and serves it on a thread; returns its path.
@@ -358,6 +362,14 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
             uid, "podman broker: refused a caller that is not the Ray user"
         );
         refuse(&conn, format!("uid {uid} may not use this node's podman"));
+        return;
+    }
+    if cfg.stop.is_requested() {
+        debug!(pid, uid, "podman broker: refused a call during the stop");
+        refuse(
+            &conn,
+            "this node is stopping: it starts no podman call".into(),
+        );
         return;
     }
     let ray = cfg.ray_pid.load(std::sync::atomic::Ordering::Relaxed);

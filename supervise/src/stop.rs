@@ -44,12 +44,13 @@ impl Stop {
     }
 
     /// Requests a stop: wakes every registered waiter once. Later calls do
-    /// nothing.
-    pub fn request(&self) {
+    /// nothing. Returns true if and only if this call made the request (a
+    /// caller tells a repeated request from the first by it).
+    pub fn request(&self) -> bool {
         let wakers = {
             let mut s = self.state();
             if s.requested.is_some() {
-                return;
+                return false;
             }
             s.requested = Some(Instant::now());
             std::mem::take(&mut s.wakers)
@@ -57,6 +58,7 @@ impl Stop {
         for w in wakers {
             w();
         }
+        true
     }
 
     /// Returns true if and only if a stop was requested.

@@ -235,6 +235,7 @@ pub fn run(flags: &Flags) -> Outcome {
         allowed_uids: vec![me.0, ray.0],
         owner: (ray != me && me.0 == 0).then_some(ray),
         ray_pid: node.ray_pid(),
+        stop: stop.clone(),
     })
     .map_err(|source| Error::StateDir {
         path: cfg.state_dir.join(argus_podman::client::SOCKET),
@@ -261,11 +262,8 @@ pub fn run(flags: &Flags) -> Outcome {
     // run (a failed preflight's linger) and main is then exiting with its
     // code, which "no receiver: exit 128+signal" must not replace.
     argus_supervise::reaper::route_signals(move |sig| {
-        let stop = argus_supervise::reaper::is_stop(sig);
-        if stop && !gate.defer(sig) {
-            on_signal.request();
-        }
-        events.send(Event::Signal(sig)).is_ok() || stop
+        let ev = Event::of_signal(sig, &gate, &on_signal);
+        events.send(ev).is_ok() || argus_supervise::reaper::is_stop(sig)
     });
     let outcome = match argus_node::preflight::gate(&cfg, &stop) {
         Ok(o) => o,
