@@ -62,22 +62,25 @@ fn stop_removes_engines(ray_ignores_term: bool) {
     // An engine container started through the shim, detached (no shim
     // process stays to watch it: only the node-stop sweep removes it).
     let engine_label = format!("{label}-engine");
-    let o = shim_support::output(
-        shim_support::podman(&[
-            "run",
-            "-d",
-            "--label",
-            &engine_label,
-            shim_support::image(),
-            "/bin/tool",
-            "sleep",
-            "120",
-        ])
-        .env("ARGUS_SHIM_SELF_ID", &ray_container)
-        // The node's state folder: the shim records what it created there
-        // (the agent's janitor removes only that, issue 26 hole 7).
-        .env("ARGUS_STATE_DIR", &env["ARGUS_STATE_DIR"]),
-    );
+    let run_detached = |label: &str| {
+        shim_support::output(
+            shim_support::podman(&[
+                "run",
+                "-d",
+                "--label",
+                label,
+                shim_support::image(),
+                "/bin/tool",
+                "sleep",
+                "120",
+            ])
+            .env("ARGUS_SHIM_SELF_ID", &ray_container)
+            // The node's state folder: the shim records what it created
+            // there, and the agent's janitor removes only that.
+            .env("ARGUS_STATE_DIR", &env["ARGUS_STATE_DIR"]),
+        )
+    };
+    let o = run_detached(&engine_label);
     assert!(o.status.success(), "{}", shim_support::show(&o));
     assert_eq!(shim_support::containers_with(&engine_label).len(), 1);
 
@@ -130,20 +133,7 @@ fn stop_removes_engines(ray_ignores_term: bool) {
             argus_podman::transport::ToClient,
         >(&sock));
         // A call that comes during the stop.
-        refused = Some(shim_support::output(
-            shim_support::podman(&[
-                "run",
-                "-d",
-                "--label",
-                &format!("{late_label}-new"),
-                shim_support::image(),
-                "/bin/tool",
-                "sleep",
-                "120",
-            ])
-            .env("ARGUS_SHIM_SELF_ID", &ray_container)
-            .env("ARGUS_STATE_DIR", &env["ARGUS_STATE_DIR"]),
-        ));
+        refused = Some(run_detached(&format!("{late_label}-new")));
     }
     let (st, took) = a
         .wait_exit(Duration::from_secs(15))
