@@ -519,7 +519,13 @@ impl<R: RoleLoop> Node<R> {
             "node agent started"
         );
         self.write_status();
-        self.janitor = Some(Janitor::start(&self.stop));
+        let ray_uid = self
+            .cfg
+            .ray_user
+            .as_ref()
+            .filter(|u| !u.is_current())
+            .map(|u| u.uid);
+        self.janitor = Some(Janitor::start(&self.stop, ray_uid));
         if let Err(code) = R::start(&mut self) {
             return code;
         }
