@@ -475,12 +475,7 @@ impl<R: RoleLoop> Node<R> {
     /// thread runs on; the process tree goes with it).
     fn sweep_within(&mut self, deadline: Duration) -> Option<usize> {
         let mut tree = std::mem::take(&mut self.tree);
-        let user = self
-            .cfg
-            .ray_user
-            .as_ref()
-            .filter(|u| !u.is_current())
-            .map(|u| u.uid);
+        let user = self.ray_uid();
         let (tx, rx) = mpsc::channel();
         let spawned = std::thread::Builder::new()
             .name("stop-sweep".into())
@@ -502,10 +497,20 @@ impl<R: RoleLoop> Node<R> {
     }
 
     fn sweep(&mut self, deadline: Duration) -> usize {
-        match self.cfg.ray_user.as_ref().filter(|u| !u.is_current()) {
-            Some(u) => tree::sweep_descendants_and_user(&mut self.tree, deadline, u.uid),
+        match self.ray_uid() {
+            Some(uid) => tree::sweep_descendants_and_user(&mut self.tree, deadline, uid),
             None => tree::sweep_descendants(&mut self.tree, deadline),
         }
+    }
+
+    /// The Ray user when it is not the agent's own: its processes that no
+    /// Ray run or job owns are swept.
+    fn ray_uid(&self) -> Option<u32> {
+        self.cfg
+            .ray_user
+            .as_ref()
+            .filter(|u| !u.is_current())
+            .map(|u| u.uid)
     }
 
     /// The loop: events, the stop, the role's tick, the next wake-up.
@@ -519,13 +524,7 @@ impl<R: RoleLoop> Node<R> {
             "node agent started"
         );
         self.write_status();
-        let ray_uid = self
-            .cfg
-            .ray_user
-            .as_ref()
-            .filter(|u| !u.is_current())
-            .map(|u| u.uid);
-        self.janitor = Some(Janitor::start(&self.stop, ray_uid));
+        self.janitor = Some(Janitor::start(&self.stop, self.ray_uid()));
         if let Err(code) = R::start(&mut self) {
             return code;
         }
