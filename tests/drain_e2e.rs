@@ -22,7 +22,9 @@
 //! - upgrade: `serve deploy` of the endpoint in another engine image whose
 //!   replicas take 8 s to start (a cold start); the node image's Serve rolls
 //!   it start-first (R-SERVE-7: a new replica runs before an old one stops),
-//!   so no POST waits more than twice the steady p99; spread afterwards;
+//!   so no POST waits for a cold start (none longer than twice the steady
+//!   p99 or its own 1.5 s plus half the 8 s cold start, whichever is
+//!   longer); spread afterwards;
 //! - crash worker-2 after the roll: `docker kill`, then `docker start`: with
 //!   the replicas spread again, only what was in flight on it may fail;
 //! - after: the baseline again.
@@ -514,13 +516,21 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
             .unwrap_or_default(),
         0.99,
     );
-    // R-SERVE-7: the upgrade keeps a replica serving in every slot.
+    // R-SERVE-7: the upgrade keeps a replica serving in every slot, so no
+    // POST waits for a cold start. A POST that did would wait its own
+    // 1.5 s plus up to the new version's 8 s; a busy machine adds path
+    // overhead to any POST, upgrade or not (a cold run beside a one-core
+    // loop: 3.54 and 3.56 s in the upgrade, p99 3.62 s in phases with no
+    // replica change, against a steady p99 of 1.73 s). So the bound is the
+    // larger of twice the steady p99 and the POST's own time plus half a
+    // cold start: a stall of a cold start crosses it, load alone does not.
+    let stall_bound = (2.0 * steady_p99).max(POST_DELAY_S + UPGRADE_START_DELAY_S / 2.0);
     if let Some(rs) = phases.get("upgrade") {
         for r in rs.iter().filter(|r| r[1] == "POST" && r[4] == 200) {
             let took = r[3].as_f64().unwrap_or(0.0);
-            if took > 2.0 * steady_p99 {
+            if took > stall_bound {
                 bad.push(format!(
-                    "upgrade: a POST waited {took:.2} s, over twice the steady p99 ({steady_p99:.2} s): {r}"
+                    "upgrade: a POST waited {took:.2} s, over {stall_bound:.2} s (twice the steady p99, {steady_p99:.2} s, or its own {POST_DELAY_S} s plus half the {UPGRADE_START_DELAY_S} s cold start): {r}"
                 ));
             }
         }
