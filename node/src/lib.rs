@@ -689,17 +689,20 @@ impl<R: RoleLoop> Node<R> {
         if let Some((pid, run)) = ray {
             let grace_end = (t0 + self.cfg.stop_grace).min(budget_end - STOP_RESERVE);
             let grace = grace_end.saturating_duration_since(Instant::now());
-            if self.stop_again {
+            let exited = if self.stop_again {
                 info!(pid, "stop requested twice: killing ray's process group now");
-            }
-            if self.stop_again || !self.wait_ray_exit(run, grace) {
-                if !self.stop_again {
-                    warn!(
-                        pid,
-                        grace_s = grace_end.saturating_duration_since(t0).as_secs_f64(),
-                        "ray did not stop within its grace; killing its process group"
-                    );
-                }
+                false
+            } else if self.wait_ray_exit(run, grace) {
+                true
+            } else {
+                warn!(
+                    pid,
+                    grace_s = grace_end.saturating_duration_since(t0).as_secs_f64(),
+                    "ray did not stop within its grace; killing its process group"
+                );
+                false
+            };
+            if !exited {
                 let _ = signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
                 self.wait_ray_exit(run, Duration::from_millis(300));
             }
