@@ -93,6 +93,17 @@ fn stop_removes_engines(ray_ignores_term: bool) {
             std::path::Path::new(&env["ARGUS_STATE_DIR"]).join("shim.sock"),
         )
         .expect("the broker's socket");
+        // Admitted before the stop: its handler runs (a connection the
+        // broker takes only after the stop is refused, as it should be).
+        let agent = a.pid();
+        let t = std::time::Instant::now();
+        while !children_of_agent_run_a_handler(agent) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the broker started no handler for the connection"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         (sock, late_label.clone())
     });
 
@@ -247,6 +258,14 @@ fn a_restarted_node_removes_the_engines_its_killed_run_left() {
         second.log()
     );
     eprintln!("the killed run's engine was removed {took:?} after the restart");
+}
+
+/// Whether a child of `agent` is a podman handler (`__shim-handler`).
+fn children_of_agent_run_a_handler(agent: i32) -> bool {
+    support::children_of(agent).iter().any(|(pid, _)| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"__shim-handler"))
+    })
 }
 
 /// Every descendant of `pid`, found now.
