@@ -216,24 +216,14 @@ pub fn sweep_descendants_and_user(tree: &mut ProcTree, deadline: Duration, uid: 
 /// `nohup` an operator's `docker exec -u ray` left: their parent died and
 /// the kernel gave them to PID 1; Ray's own processes are all descendants
 /// of `ray start`). Only PID 1 of its own PID namespace does, as
-/// [`sweep_descendants_and_user`], and only in its own mount namespace;
-/// returns how many it killed.
+/// [`sweep_descendants_and_user`]; returns how many it killed.
 pub fn kill_adopted(tree: &mut ProcTree, uid: u32, own: impl Fn(u32) -> bool) -> usize {
     let me = std::process::id();
     let Some(uid) = user_to_sweep(uid, nix::unistd::getuid().as_raw(), me) else {
         return 0;
     };
     tree.refresh_with_users();
-    // Only the node's own processes: an engine container that shares the
-    // node's PID namespace (`--pid=host`, the Ray user's uid) has its own
-    // mount namespace, and its processes end with the container.
-    let here = std::fs::read_link("/proc/self/ns/mnt").ok();
-    let in_node =
-        |pid: u32| here.is_some() && std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok() == here;
-    let doomed: Vec<ProcInfo> = adopted(&tree.all(), me, uid, own)
-        .into_iter()
-        .filter(|p| in_node(p.pid))
-        .collect();
+    let doomed = adopted(&tree.all(), me, uid, own);
     for p in &doomed {
         info!(pid = p.pid, ppid = p.ppid, name = %p.name, uid, "killing an adopted process of the ray user");
         let _ = signal::kill(NixPid::from_raw(p.pid as i32), Signal::SIGKILL);
