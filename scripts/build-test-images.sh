@@ -33,12 +33,19 @@ timed() {
 case ${1:-} in
 services)
     timed "Ray base image" scripts/build-base-image.sh
+    # The services beside the stand-in engines (they share no lock), and
+    # the stand-ins first on the engine lock: the CPU vLLM engines, which
+    # the caller starts once the stand-ins are ready (the `stubs-ready`
+    # file), take it for many minutes.
     timed "redis, lb and prometheus images (:$version)" \
-        env ARGUS_VERSION="$version" scripts/build-images.sh redis lb monitoring --local-base
+        env ARGUS_VERSION="$version" scripts/build-images.sh redis lb monitoring --local-base &
+    services=$!
     for v in stub-a stub-b; do
         timed "stand-in engine image $v" \
             scripts/build-images.sh engine --local-base --no-vllm --engine-version "$v"
     done
+    [ -z "${ARGUS_STUBS_READY:-}" ] || : >"$ARGUS_STUBS_READY"
+    wait "$services"
     ;;
 node)
     binary=${2:?usage: build-test-images.sh node BINARY}

@@ -1267,10 +1267,35 @@ fn docker_run_on_host_networking_joins_runs_engines_follows_the_head_and_stops_c
             text(&o.stderr)
         );
     }
-    assert!(
-        stopped < Duration::from_secs(10),
-        "docker stop took {stopped:?}"
-    );
+    // Docker's own 10 s run from its send of SIGTERM and end at its SIGKILL:
+    // the exit code above (not 137) says the agent was out in time. The
+    // agent bounds its part at 9 s from the signal (node/src/lib.rs
+    // `STOP_BUDGET`), and says how long it took; the wall time around
+    // `docker stop` adds Docker's delivery and teardown, which under load
+    // passed 1 s (10.04 s with the agent's exit 0, a cold CI run beside
+    // engine_vllm, 2026-12-02), so it is printed, not bounded.
+    let o = output(Command::new("docker").args(["logs", "--tail", "30", &head]));
+    let last = text(&o.stdout) + &text(&o.stderr);
+    let took = last
+        .lines()
+        .filter(|l| l.contains("node agent stopped"))
+        .find_map(|l| {
+            l.split("took_s=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<f64>()
+                .ok()
+        });
+    log(&format!(
+        "docker stop of the head: {stopped:.1?} (exit 0); the agent's own stop: {took:?} s"
+    ));
+    match took {
+        Some(t) if t <= 9.05 => {}
+        _ => panic!(
+            "the head's agent did not end its stop within its 9 s budget (took_s {took:?}, docker stop {stopped:.1?}); its last lines:\n{last}"
+        ),
+    }
     docker(&["rm", &head]);
     let out = bx.docker_run(&head_args);
     assert!(out.status.success(), "docker run: {}", text(&out.stderr));

@@ -94,6 +94,16 @@ fn ray_env(
 }
 
 /// The token every agent and driver of these clusters uses.
+/// The bound of every wait that spans a start of Ray on a node (the head's
+/// publish, a raylet, a worker's join, a new instance after a GCS kill).
+/// The head waits up to 60 s for its raylet before it publishes anyway
+/// (node/src/lib.rs `HEAD_RAYLET_WAIT`), so a bound must be above that and
+/// Ray's own start: in a cold CI run (2026-12-02) beside engine_vllm's two
+/// vLLM engines the head's raylet took 75 s to start, a 1 s write to /tmp
+/// timed out, and 60 s bounds failed nodes that were starting as designed.
+/// A node that never starts still fails, with both agents' logs.
+const RAY_START: Duration = Duration::from_secs(150);
+
 const RAY_E2E_TOKEN: &str = "ray-e2e-token-0123456789abcdef0123456789abcdef";
 
 /// How a test asks Ray for its nodes.
@@ -239,14 +249,11 @@ fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
 
     let mut head = Agent::start(&sb, "head", &head_env);
     let published = || sb.record().is_some_and(|r| r["state"] == "running");
-    // The head waits up to 60 s for its raylet before it publishes anyway
-    // (node/src/lib.rs `HEAD_RAYLET_WAIT`), so the bound is above that: in
-    // a cold run beside a busy loop (load 58 on 2 cores, engine_vllm
-    // beside) the GCS came up after 11 s and the raylet had not started
-    // at 60 s (its log still empty), and a 60 s bound failed a head that
-    // was waiting as designed.
+    // Above the head's own wait for its raylet (RAY_START): in a cold run
+    // beside a busy loop (load 58 on 2 cores) the GCS came up after 11 s
+    // and the raylet had not started at 60 s (its log still empty).
     let t0 = std::time::Instant::now();
-    while !published() && t0.elapsed() < Duration::from_secs(120) {
+    while !published() && t0.elapsed() < RAY_START {
         std::thread::sleep(Duration::from_millis(100));
     }
     if !published() {
@@ -264,19 +271,17 @@ fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
         }
         // The agent's account, and the failure (120 s passed already).
         head.wait_for(
-            "head publishes (after 120 s)",
+            "head publishes (after RAY_START)",
             Duration::from_secs(1),
             |_| published(),
         );
     }
     // The worker starts after the head (both nodes share one session dir).
-    head.wait_for("head raylet", Duration::from_secs(60), |h| {
+    head.wait_for("head raylet", RAY_START, |h| {
         daemon_pid(h, "raylet").is_some()
     });
     let mut worker = Agent::start(&sb, "worker", &worker_env);
-    worker.wait_for("worker joins", Duration::from_secs(60), |w| {
-        w.state() == "running"
-    });
+    worker.wait_for("worker joins", RAY_START, |w| w.state() == "running");
     // Both nodes alive in ray.nodes() from a driver (panics with both logs).
     let both_alive = |head: &Agent, worker: &Agent| {
         wait_nodes(
@@ -348,7 +353,7 @@ fn head_and_worker_on_real_ray_survive_raylet_and_gcs_kills_and_stop_cleanly() {
         polling_seen.exists()
     });
     unsafe { libc::kill(gcs_pid, libc::SIGKILL) };
-    head.wait_for("new instance published", Duration::from_secs(60), |_| {
+    head.wait_for("new instance published", RAY_START, |_| {
         sb.record()
             .is_some_and(|r| r["state"] == "running" && r["instance_id"] != instance)
     });
@@ -495,17 +500,15 @@ fn with_gcs_ft_a_worker_rides_a_head_gcs_crash_through_and_its_detached_actor_su
     worker_env.insert("ARGUS_RAY_PORT".into(), free_port().to_string());
 
     let mut head = Agent::start(&sb, "head", &head_env);
-    head.wait_for("head publishes", Duration::from_secs(60), |_| {
+    head.wait_for("head publishes", RAY_START, |_| {
         sb.record().is_some_and(|r| r["state"] == "running")
     });
     assert_eq!(sb.record().unwrap()["gcs_ft"], true);
-    head.wait_for("head raylet", Duration::from_secs(60), |h| {
+    head.wait_for("head raylet", RAY_START, |h| {
         daemon_pid(h, "raylet").is_some()
     });
     let mut worker = Agent::start(&sb, "worker", &worker_env);
-    worker.wait_for("worker joins", Duration::from_secs(60), |w| {
-        w.state() == "running"
-    });
+    worker.wait_for("worker joins", RAY_START, |w| w.state() == "running");
     let logs = |head: &Agent, worker: &Agent| {
         format!(
             "--- head ---\n{}\n--- worker ---\n{}",
@@ -559,7 +562,7 @@ print(json.dumps(ray.get(k.ping.remote(), timeout=60)))
     let gcs_pid = daemon_pid(&head, "gcs_server").expect("gcs_server");
     let t0 = Instant::now();
     unsafe { libc::kill(gcs_pid, libc::SIGKILL) };
-    head.wait_for("new instance published", Duration::from_secs(60), |_| {
+    head.wait_for("new instance published", RAY_START, |_| {
         sb.record()
             .is_some_and(|r| r["state"] == "running" && r["instance_id"] != instance)
     });
