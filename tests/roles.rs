@@ -854,6 +854,48 @@ fn a_worker_whose_ray_exits_while_the_head_lives_restarts_it_at_once() {
     );
 }
 
+/// A record that stood still for a moment (a loaded machine delays the
+/// head's refresh past the probe threshold) and then changed again is a
+/// live head: a Ray that exits afterwards is restarted at once, not held
+/// as if the head had crashed (a CI run under load held it).
+#[test]
+fn a_worker_whose_ray_exits_after_its_heads_record_paused_and_resumed_restarts_it_at_once() {
+    let sb = Sandbox::new();
+    let port = support::free_port();
+    let live = record("127.0.0.5", port, "live", 1, 1);
+    let head = FakeHead::start(&sb, live.clone());
+    let mut w = Agent::start(&sb, "w", &sb.env("w", "worker"));
+    w.wait_for("join", Duration::from_secs(20), |_| {
+        sb.ray_starts("w").len() == 1
+    });
+    // The refresh pauses long enough for a probe (nothing listens there).
+    head.set(None);
+    w.wait_for(
+        "a probe finds the GCS refusing",
+        Duration::from_secs(30),
+        |w| {
+            w.status()
+                .is_some_and(|s| s["head_gcs"].as_str().unwrap_or("").contains("refusing"))
+        },
+    );
+    // The head refreshes again, and the worker sees it.
+    head.set(Some(live));
+    w.wait_for("the record changing again", Duration::from_secs(30), |w| {
+        w.status()
+            .is_some_and(|s| s["head_record_age_s"].as_f64().is_some_and(|a| a < 0.3))
+    });
+    let pid = sb.ray_starts("w")[0]["pid"].as_i64().unwrap();
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    w.wait_for("restart", Duration::from_secs(30), |_| {
+        sb.ray_starts("w").len() == 2
+    });
+    assert!(
+        !w.log().contains("waiting for the head to refresh"),
+        "a live head's worker held its restart:\n{}",
+        w.log()
+    );
+}
+
 #[test]
 fn a_worker_rides_a_fault_tolerant_head_restart_at_the_same_address_through() {
     let sb = Sandbox::new();

@@ -452,6 +452,11 @@ impl Node<WorkerRole> {
         let (Some(target), Some(since)) = (joined, w.gcs_down_since) else {
             return;
         };
+        if !head_looks_crashed(since, changed_at) {
+            // The record changed after the GCS was first seen down: the
+            // head lives (it refreshed), so this is an ordinary restart.
+            return;
+        }
         let why = format!(
             "ray exited while the head's GCS at {} was down ({:.0}s) and its record unchanged; \
              waiting for the head to refresh or republish its record",
@@ -480,6 +485,20 @@ impl Node<WorkerRole> {
     }
 }
 
+/// Returns true if and only if the joined head looks crashed to a worker
+/// whose Ray just exited: its GCS was seen down at `gcs_down_since` and its
+/// record has not changed since (`record_changed_at`). A record that
+/// changed after the first failed probe was refreshed by a live head; only
+/// a quiet record starts probes, and a record that stood still for a
+/// moment on a loaded machine must not hold a restart (seen in CI: a
+/// 200 ms refresh delayed past the probe threshold).
+pub(super) fn head_looks_crashed(
+    gcs_down_since: Instant,
+    record_changed_at: Option<Instant>,
+) -> bool {
+    record_changed_at.is_none_or(|c| c <= gcs_down_since)
+}
+
 /// After this long a head GCS that refuses connections is reported.
 const GCS_REPORT_AFTER: Duration = Duration::from_secs(10);
 
@@ -502,6 +521,17 @@ mod tests {
             address: addr.into(),
             gcs_ft,
         }
+    }
+
+    #[test]
+    fn a_head_whose_record_changed_after_its_gcs_went_down_lives() {
+        let down = Instant::now();
+        let before = down - Duration::from_millis(800);
+        let after = down + Duration::from_millis(200);
+        assert!(head_looks_crashed(down, Some(before)));
+        assert!(head_looks_crashed(down, Some(down)));
+        assert!(head_looks_crashed(down, None));
+        assert!(!head_looks_crashed(down, Some(after)));
     }
 
     #[test]
