@@ -1958,7 +1958,7 @@ fn containers_of(image: &str) -> Vec<String> {
 
 /// The R-SEC-9 phase of the security test: a job's detached container ends
 /// with the job (see the call site).
-fn job_leaves_no_container_behind(head: &str, img: &str) {
+fn job_leaves_no_container_behind(c: &Cluster, head: &str, img: &str) {
     use std::io::{BufRead, BufReader};
     let release = "/tmp/argus-e2e-job-may-end";
     let driver = format!(
@@ -1970,7 +1970,12 @@ ray.init(address=f"{{ip}}:{{os.environ.get('ARGUS_RAY_PORT', '6379')}}", log_to_
 @ray.remote(resources={{"worker_node": 1}})
 def plant():
     run = subprocess.run(["podman", "run", "-d", "{img}", "sleep", "1005"], capture_output=True, text=True)
-    return {{"host": socket.gethostname(), "rc": run.returncode, "id": run.stdout.strip(), "err": run.stderr[-400:]}}
+    # A double-forked daemon: its parent exits at once, PID 1 adopts it.
+    daemon = subprocess.run(["sh", "-c", "setsid sleep 1006 </dev/null >/dev/null 2>&1 & echo $!"],
+                            capture_output=True, text=True).stdout.strip()
+    alive = os.path.exists(f"/proc/{{daemon}}") if daemon else False
+    return {{"host": socket.gethostname(), "rc": run.returncode, "id": run.stdout.strip(), "err": run.stderr[-400:],
+            "daemon": daemon, "daemon_alive": alive}}
 print(json.dumps(ray.get(plant.remote(), timeout=300)), flush=True)
 t0 = time.time()
 while not os.path.exists("{release}") and time.time() - t0 < 300:
@@ -2017,6 +2022,22 @@ while not os.path.exists("{release}") and time.time() - t0 < 300:
         !running().is_empty(),
         "control: while its job runs, the detached container {id} runs"
     );
+    let daemon = planted["daemon"].as_str().unwrap_or_default().to_string();
+    assert!(
+        planted["daemon_alive"] == true && !daemon.is_empty(),
+        "control: a task's double-forked daemon started: {planted}"
+    );
+    let node = c.container(host.strip_prefix("ray-").unwrap_or(host));
+    let daemon_runs = || {
+        run(Command::new("docker").args([
+            "exec",
+            &node,
+            "sh",
+            "-c",
+            &format!("tr '\\0' ' ' < /proc/{daemon}/cmdline 2>/dev/null || true"),
+        ]))
+        .contains("sleep 1006")
+    };
     run(Command::new("docker").args(["exec", head, "touch", release]));
     let out = child.wait_with_output().unwrap();
     assert!(
@@ -2030,17 +2051,18 @@ while not os.path.exists("{release}") and time.time() - t0 < 300:
             .status
             .success()
     };
-    while !gone(&id) {
+    while !gone(&id) || daemon_runs() {
         assert!(
             t0.elapsed() < Duration::from_secs(90),
-            "R-SEC-9: 90 s after its job ended, a task's detached container is still there \
-             ({id}, running: {:?})",
-            running()
+            "R-SEC-9: 90 s after its job ended, a task's detached container or daemon is still there \
+             (container {id}, running: {:?}; daemon pid {daemon} runs: {})",
+            running(),
+            daemon_runs()
         );
         std::thread::sleep(Duration::from_millis(500));
     }
     log(&format!(
-        "R-SEC-9: a job's detached container on {host} was gone {:.1} s after its driver ended",
+        "R-SEC-9: a job's detached container and double-forked daemon on {host} were gone {:.1} s after its driver ended",
         t0.elapsed().as_secs_f64()
     ));
 }
@@ -2894,11 +2916,12 @@ print(json.dumps({{"taken": done, "forged": forged}}))
     // ends: within 90 s it is gone (it carries the task's Ray worker, which
     // Ray ends with the job, and the node's janitor removes it). Control:
     // it runs while the job does.
-    job_leaves_no_container_behind(&head, &img);
+    job_leaves_no_container_behind(&c, &head, &img);
     // R-SEC-9: no process of the Ray user survives a Ray restart, not only
-    // PID 1's descendants: one started beside Ray (as a `docker exec`, or
-    // a job's double-forked daemon reparented out of Ray's tree) is gone
-    // once the agent restarts Ray after a raylet kill.
+    // PID 1's descendants: one started beside Ray (a `docker exec`) is gone
+    // once the agent restarts Ray after a raylet kill; one adopted by PID 1
+    // (a `setsid` daemon whose parent exited) is gone within the janitor's
+    // 30 s round, Ray restart or not.
     let beside = |pattern: &str| {
         run(Command::new("docker").args([
             "exec",
@@ -2908,6 +2931,50 @@ print(json.dumps({{"taken": done, "forged": forged}}))
             &format!("pgrep -u ray -f '{pattern}' || true"),
         ]))
     };
+    // Control for the round's cgroup rule: an engine container in the
+    // node's PID namespace (`--pid=host` is the node's) leaves an orphan of
+    // the Ray user, which the kernel gives to PID 1 as well; it lives in the
+    // engine's cgroup and ends with its container, so no round takes it
+    // (taking such orphans failed live Serve replicas with 500). Started
+    // first, so the round that takes the node's adopted process below saw it.
+    let orphan = format!("argus-e2e-orphan-{}", std::process::id());
+    run(Command::new("docker").args([
+        "exec",
+        "-d",
+        "-u",
+        "ray",
+        &worker,
+        "podman",
+        "run",
+        "--rm",
+        "--name",
+        &orphan,
+        "--pid=host",
+        &img,
+        "sh",
+        "-c",
+        "(setsid sleep 1007 </dev/null >/dev/null 2>&1 &); exec sleep 1008",
+    ]));
+    let orphan_ppid = || {
+        run(Command::new("docker").args([
+            "exec",
+            &worker,
+            "sh",
+            "-c",
+            "for p in $(pgrep -u ray -x -f 'sleep 1007'); do awk '/^PPid:/ {print $2}' /proc/$p/status; done",
+        ]))
+        .trim()
+        .to_string()
+    };
+    let t0 = Instant::now();
+    while orphan_ppid() != "1" {
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "control: an engine's orphan adopted by PID 1 did not start (parent: {:?})",
+            orphan_ppid()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     run(Command::new("docker").args(["exec", "-d", "-u", "ray", &worker, "sleep", "1001"]));
     run(Command::new("docker").args([
         "exec",
@@ -2917,10 +2984,21 @@ print(json.dumps({{"taken": done, "forged": forged}}))
         &worker,
         "sh",
         "-c",
-        "setsid sleep 1002 & exit 0",
+        "rm -f /tmp/argus-e2e-adopted; setsid sh -c 'touch /tmp/argus-e2e-adopted; exec sleep 1002' & exit 0",
     ]));
     let t0 = Instant::now();
-    while beside("^sleep 100[12]$").lines().count() < 2 {
+    let adopted_started = || {
+        output(Command::new("docker").args([
+            "exec",
+            &worker,
+            "test",
+            "-e",
+            "/tmp/argus-e2e-adopted",
+        ]))
+        .status
+        .success()
+    };
+    while beside("^sleep 1001$").trim().is_empty() || !adopted_started() {
         assert!(
             t0.elapsed() < Duration::from_secs(30),
             "control: the Ray user's processes did not start"
@@ -2979,6 +3057,33 @@ print(json.dumps({{"taken": done, "forged": forged}}))
         String::from_utf8_lossy(&rm.stderr)
     );
     log("R-SEC-9: detached runs in the node's namespaces refused (4 spellings), none created; attached and private-namespace controls ran");
+    while !beside("^sleep 1002$").trim().is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(75),
+            "R-SEC-9: a process of the Ray user adopted by PID 1 still runs {:.0} s after it started",
+            t0.elapsed().as_secs_f64()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        !beside("^sleep 1001$").trim().is_empty(),
+        "control: the exec'd process of the Ray user (not adopted) is taken only at Ray's restart"
+    );
+    assert_eq!(
+        orphan_ppid(),
+        "1",
+        "R-SEC-9: the round took an engine container's orphan (its cgroup is the engine's)"
+    );
+    log(&format!(
+        "R-SEC-9: a process of the Ray user adopted by PID 1 was gone {:.1} s after it started; the exec'd one and an engine container's orphan (also PID 1's) still ran",
+        t0.elapsed().as_secs_f64()
+    ));
+    let rm = podman_as_ray(&worker, &["rm", "-f", &orphan]);
+    assert!(
+        rm.status.success(),
+        "removing the orphan's engine: {}",
+        String::from_utf8_lossy(&rm.stderr)
+    );
     run(Command::new("docker").args(["exec", &worker, "pkill", "-KILL", "-x", "raylet"]));
     let t0 = Instant::now();
     while !beside("^sleep 100[12]$").trim().is_empty() {

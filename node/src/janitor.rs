@@ -6,6 +6,10 @@
 //! removal listed the node's containers (seen in CI: a task's retry
 //! started an engine 2 s before its node stopped, and it outlived it).
 //!
+//! Every 30 s it also kills the Ray user's processes that PID 1 adopted
+//! and did not start (R-SEC-9: a job's double-forked daemon): its parent
+//! died, so no job or Ray process owns it any more.
+//!
 //! One thread, fed by a channel: a sweep that hangs on the Docker daemon
 //! delays the next one instead of piling up threads.
 
@@ -16,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use argus_podman::janitor::{self, JanitorScope};
+use argus_supervise::reaper;
+use argus_supervise::tree::{self, ProcTree};
 use argus_supervise::Stop;
 
 /// How often dead shims' containers are swept.
@@ -37,7 +43,9 @@ impl Janitor {
     /// died with it) and then every 30 s. When
     /// `stop` is requested it removes every container this node owns at
     /// once, while the node stops Ray, and ends.
-    pub(super) fn start(stop: &Stop) -> Self {
+    /// `ray_uid`: the Ray user, when it is not the agent's own (its
+    /// adopted processes are killed at each round).
+    pub(super) fn start(stop: &Stop, ray_uid: Option<u32>) -> Self {
         let (wake, woken) = mpsc::channel::<()>();
         let last = wake.clone();
         let (done, removed) = mpsc::sync_channel(2);
@@ -47,7 +55,7 @@ impl Janitor {
         let cut_short = cut.clone();
         let spawned = std::thread::Builder::new()
             .name("janitor".into())
-            .spawn(move || run(woken, done, cut));
+            .spawn(move || run(woken, done, cut, ray_uid));
         match spawned {
             Ok(_) => {
                 stop.on_request(move || {
@@ -92,7 +100,13 @@ impl Janitor {
 /// The thread: a sweep of dead shims every [`EVERY`] until the stop (a
 /// message on `woken`), then one removal of everything owned, and one more
 /// on the next message (the last, once no handler is left).
-fn run(woken: Receiver<()>, done: SyncSender<Outcome>, cut: CancellationToken) {
+fn run(
+    woken: Receiver<()>,
+    done: SyncSender<Outcome>,
+    cut: CancellationToken,
+    ray_uid: Option<u32>,
+) {
+    let mut tree = ProcTree::new();
     let _ = sweep(JanitorScope::DeadShims, &cut);
     loop {
         match woken.recv_timeout(EVERY) {
@@ -106,6 +120,15 @@ fn run(woken: Receiver<()>, done: SyncSender<Outcome>, cut: CancellationToken) {
                 return;
             }
             Err(RecvTimeoutError::Timeout) => {
+                if let Some(uid) = ray_uid {
+                    let killed = tree::kill_adopted(&mut tree, uid, reaper::is_own_child);
+                    if killed > 0 {
+                        info!(
+                            killed,
+                            "killed the ray user's processes that no job owns any more"
+                        );
+                    }
+                }
                 let _ = sweep(JanitorScope::DeadShims, &cut);
             }
             // The stop handle is gone without a stop: nothing to remove.

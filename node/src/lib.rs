@@ -524,7 +524,7 @@ impl<R: RoleLoop> Node<R> {
             "node agent started"
         );
         self.write_status();
-        self.janitor = Some(Janitor::start(&self.stop));
+        self.janitor = Some(Janitor::start(&self.stop, self.ray_uid()));
         if let Err(code) = R::start(&mut self) {
             return code;
         }

@@ -234,6 +234,15 @@ fn deliver(children: &mut HashMap<i32, OnExit>, pid: Pid, exit: Exit) {
     }
 }
 
+/// Whether `pid` is a live child this process started through the reaper
+/// (`spawn_*`): every child the agent starts is, so a child of the agent
+/// that is not was adopted (its parent died and the kernel gave it to PID
+/// 1). Asked after a scan of /proc that saw `pid`, the answer holds: a
+/// spawn registers its child before the lock this takes is free.
+pub fn is_own_child(pid: u32) -> bool {
+    i32::try_from(pid).is_ok_and(|p| lock(&reaper().children).contains_key(&p))
+}
+
 /// Prepares `cmd` so the child starts with an empty signal mask.
 fn reset_mask(cmd: &mut Command) {
     // SAFETY: the closure only calls sigprocmask, which is async-signal-safe.

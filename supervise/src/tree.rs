@@ -210,6 +210,65 @@ pub fn sweep_descendants_and_user(tree: &mut ProcTree, deadline: Duration, uid: 
     sweep(tree, deadline, uid)
 }
 
+/// Kills, once, every process of the user `uid` that this process adopted
+/// and did not start (`own` says which of its children it started), and
+/// what each of those started (R-SEC-9: a job's double-forked daemon, a
+/// `nohup` an operator's `docker exec -u ray` left: their parent died and
+/// the kernel gave them to PID 1; Ray's own processes are all descendants
+/// of `ray start`). Only PID 1 of its own PID namespace does, as
+/// [`sweep_descendants_and_user`], and only processes in its own cgroup:
+/// an engine container that shares the node's PID namespace runs as the
+/// Ray user too, and its orphans are PID 1's as well, but they live in the
+/// engine's cgroup and end with their container (taking them failed live
+/// Serve replicas with 500). Returns how many it killed.
+pub fn kill_adopted(tree: &mut ProcTree, uid: u32, own: impl Fn(u32) -> bool) -> usize {
+    let me = std::process::id();
+    let Some(uid) = user_to_sweep(uid, nix::unistd::getuid().as_raw(), me) else {
+        return 0;
+    };
+    // Without our own cgroup nothing can be told apart: take nothing.
+    let Some(node) = cgroup_of("self") else {
+        return 0;
+    };
+    let in_node = |pid: u32| cgroup_of(&pid.to_string()).as_deref() == Some(node.as_str());
+    tree.refresh_with_users();
+    let doomed = adopted(&tree.all(), me, uid, own, in_node);
+    for p in &doomed {
+        info!(pid = p.pid, ppid = p.ppid, name = %p.name, uid, "killing an adopted process of the ray user");
+        let _ = signal::kill(NixPid::from_raw(p.pid as i32), Signal::SIGKILL);
+    }
+    doomed.len()
+}
+
+/// The whole of `/proc/<pid>/cgroup` (every hierarchy's line), or None when
+/// it cannot be read (the process is gone).
+fn cgroup_of(pid: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()
+}
+
+/// The live processes of `uid` among `all` that `me` adopted and did not
+/// start (`own`), and their descendants of that user, each only if it is in
+/// the node's cgroup (`in_node`) (pure, for tests).
+pub fn adopted(
+    all: &[ProcInfo],
+    me: u32,
+    uid: u32,
+    own: impl Fn(u32) -> bool,
+    in_node: impl Fn(u32) -> bool,
+) -> Vec<ProcInfo> {
+    let mine = |p: &ProcInfo| p.uid == Some(uid) && !p.zombie && in_node(p.pid);
+    let mut out: Vec<ProcInfo> = Vec::new();
+    for p in all {
+        if p.ppid == me && p.pid != me && mine(p) && !own(p.pid) {
+            out.push(p.clone());
+            out.extend(descendants_of(all, p.pid).into_iter().filter(mine));
+        }
+    }
+    out.sort_by_key(|p| p.pid);
+    out.dedup_by_key(|p| p.pid);
+    out
+}
+
 /// The user a sweep by `uid` may take, for a process of `pid` running as
 /// `mine`: only PID 1 of its own namespace sweeps by user (in a node's PID
 /// namespace every process is the node's; a node started with `--pid host`
@@ -279,6 +338,53 @@ mod tests {
             zombie,
             uid: Some(0),
         }
+    }
+
+    #[test]
+    fn only_adopted_processes_of_the_user_and_what_they_started_are_taken() {
+        let with_uid = |pid, ppid, uid| ProcInfo {
+            uid: Some(uid),
+            ..p(pid, ppid, "x", false)
+        };
+        // PID 1 (uid 0) started 10 (ray start, uid 1000) and 20 (a podman
+        // handler, root); 30 and 40 are the Ray user's and were adopted (a
+        // job's daemon, with its child 31; and 41 of another user under
+        // 40); 50 is a `docker exec` (parent outside the namespace); 60 is
+        // another user's orphan; 70 a zombie orphan.
+        let procs = vec![
+            with_uid(1, 0, 0),
+            with_uid(10, 1, 1000),
+            with_uid(11, 10, 1000),
+            with_uid(20, 1, 0),
+            with_uid(30, 1, 1000),
+            with_uid(31, 30, 1000),
+            with_uid(40, 1, 1000),
+            with_uid(41, 40, 0),
+            with_uid(50, 0, 1000),
+            with_uid(60, 1, 1001),
+            ProcInfo {
+                zombie: true,
+                ..with_uid(70, 1, 1000)
+            },
+        ];
+        let own = |pid| pid == 10 || pid == 20;
+        let everywhere = |_| true;
+        let got: Vec<u32> = adopted(&procs, 1, 1000, own, everywhere)
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(got, vec![30, 31, 40]);
+        // Nothing is adopted when every child is one it started.
+        assert!(adopted(&procs, 1, 1000, |pid| pid != 1, everywhere).is_empty());
+        // 40 and 31 are an engine container's (another cgroup): an
+        // orphan of the engine is PID 1's in a shared PID namespace, but
+        // it ends with its container and is never taken.
+        let node = |pid| pid != 40 && pid != 31;
+        let got: Vec<u32> = adopted(&procs, 1, 1000, own, node)
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(got, vec![30]);
     }
 
     #[test]
