@@ -808,21 +808,46 @@ fn removed_proxies(c: &Cluster) -> usize {
 /// 2xx (the server, the timers, the termination state), and the error lines
 /// of the proxies' logs (every Ray session: the workers restarted).
 fn failure_evidence(c: &Cluster, since: &str) -> String {
-    let lb = output(Command::new("docker").args(["logs", "--since", since, &c.container("lb")]));
-    let lb = String::from_utf8_lossy(&lb.stdout).to_string() + &String::from_utf8_lossy(&lb.stderr);
-    let bad: Vec<&str> = lb
+    let lb = output(Command::new("docker").args([
+        "logs",
+        "--timestamps",
+        "--since",
+        since,
+        &c.container("lb"),
+    ]));
+    // Docker's timestamp first on every line: stdout (the requests) and
+    // stderr (the servers' state changes) merge back into one time order.
+    let mut lines: Vec<String> = String::from_utf8_lossy(&lb.stdout)
         .lines()
-        .filter(|l| {
-            // httplog (raw): client [date] frontend backend/server timers status ...
-            l.split_whitespace()
-                .nth(5)
-                .is_some_and(|st| st.len() == 3 && !st.starts_with('2'))
-        })
+        .chain(String::from_utf8_lossy(&lb.stderr).lines())
+        .map(str::to_string)
         .collect();
+    lines.sort();
+    // httplog (raw), after the timestamp: client [date] frontend
+    // backend/server timers status ...
+    let status = |l: &str| l.split_whitespace().nth(6).map(str::to_string);
+    let request = |l: &str| status(l).is_some_and(|st| st.len() == 3 && st.parse::<u16>().is_ok());
+    let bad: Vec<&String> = lines
+        .iter()
+        .filter(|l| request(l) && !status(l).unwrap_or_default().starts_with('2'))
+        .collect();
+    // HAProxy's own lines: a server down or up and why, no server left.
+    let states: Vec<&String> = lines.iter().filter(|l| !request(l)).collect();
     let mut out = format!(
-        "--- evidence: the lb's answers that were not 2xx ({}, last 30)\n{}\n",
+        "--- evidence: the lb's answers that were not 2xx ({}, last 30)\n{}\n\
+         --- the lb's server states and alerts ({}, last 30)\n{}\n",
         bad.len(),
-        bad[bad.len().saturating_sub(30)..].join("\n")
+        bad[bad.len().saturating_sub(30)..]
+            .iter()
+            .map(|l| l.as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        states.len(),
+        states[states.len().saturating_sub(30)..]
+            .iter()
+            .map(|l| l.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     for w in ["worker-1", "worker-2"] {
         let o = output(Command::new("docker").args([
