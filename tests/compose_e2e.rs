@@ -2935,7 +2935,7 @@ print(json.dumps({{"taken": done, "forged": forged}}))
     // node's PID namespace (`--pid=host` is the node's) leaves an orphan of
     // the Ray user, which the kernel gives to PID 1 as well; it lives in the
     // engine's cgroup and ends with its container, so no round takes it
-    // (taking such orphans failed live Serve replicas with 500). Started
+    // (a sweep without the rule coincided with replicas answering 500). Started
     // first, so the round that takes the node's adopted process below saw it.
     let orphan = format!("argus-e2e-orphan-{}", std::process::id());
     run(Command::new("docker").args([

@@ -219,8 +219,9 @@ pub fn sweep_descendants_and_user(tree: &mut ProcTree, deadline: Duration, uid: 
 /// [`sweep_descendants_and_user`], and only processes in its own cgroup:
 /// an engine container that shares the node's PID namespace runs as the
 /// Ray user too, and its orphans are PID 1's as well, but they live in the
-/// engine's cgroup and end with their container (taking them failed live
-/// Serve replicas with 500). Returns how many it killed.
+/// engine's cgroup and end with their container (a sweep without this
+/// rule coincided with live Serve replicas answering 500). Returns how
+/// many it killed.
 pub fn kill_adopted(tree: &mut ProcTree, uid: u32, own: impl Fn(u32) -> bool) -> usize {
     let me = std::process::id();
     let Some(uid) = user_to_sweep(uid, nix::unistd::getuid().as_raw(), me) else {
