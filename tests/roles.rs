@@ -738,11 +738,74 @@ fn a_new_head_resets_the_backoff_earned_against_the_old_one() {
         sb.ray_starts("w").len() > starts
     });
     let took = t0.elapsed();
-    assert!(
-        took < Duration::from_secs(3),
-        "took {took:?} with a backoff of {waiting:.1}s pending: a new head must be joined within a poll period (0.5 s) + jitter"
-    );
     assert_eq!(addresses(&sb, "w").last().unwrap(), "127.0.0.6:4001");
+    // Judged on the agent's own clock (its log), not on when the fake Ray
+    // wrote its start (a CI run at load 25: 5.8 s, most of it the fake's
+    // Python start): the start for the new head came before the pending
+    // backoff would have ended, and within the join's jitter (at most
+    // half a poll period) plus the loop's own latency of being scheduled.
+    let log = w.log();
+    let at = |l: &str| log_time(l).unwrap_or_else(|| panic!("no time in {l:?}"));
+    let scheduled = log
+        .lines()
+        .position(|l| l.contains("join scheduled target=127.0.0.6:4001"))
+        .unwrap_or_else(|| panic!("the new head's join was never scheduled:\n{log}"));
+    let lines: Vec<&str> = log.lines().collect();
+    let backoff = lines[..scheduled]
+        .iter()
+        .rev()
+        .find(|l| l.contains("restarting ray after backoff"))
+        .unwrap_or_else(|| panic!("no backoff before the new head:\n{log}"));
+    let delay: f64 = field(backoff, "delay_s=").parse().unwrap();
+    let due = at(backoff) + delay;
+    let started = lines[scheduled..]
+        .iter()
+        .find(|l| l.contains("started ray") && l.contains("--address=127.0.0.6:4001"))
+        .unwrap_or_else(|| panic!("no start for the new head:\n{log}"));
+    let (sched_at, start_at) = (at(lines[scheduled]), at(started));
+    eprintln!(
+        "the new head's join: scheduled {:.2} s before the pending backoff's end, started {:.2} s after it was scheduled; {took:?} until the fake Ray wrote its start",
+        due - sched_at,
+        start_at - sched_at
+    );
+    assert!(
+        start_at < due,
+        "the start for the new head waited out the backoff ({waiting:.1}s pending, due {due:.2}, started {start_at:.2}):\n{log}"
+    );
+    assert!(
+        start_at - sched_at < 2.0,
+        "the start for the new head came {:.2} s after its join was scheduled (jitter at most 0.25 s):\n{log}",
+        start_at - sched_at
+    );
+}
+
+/// The value after `key` in a tracing line, up to the next space.
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    let from = line.find(key).map(|i| i + key.len()).unwrap_or(line.len());
+    line[from..].split_whitespace().next().unwrap_or("")
+}
+
+/// Seconds since the epoch of a tracing line's leading RFC 3339 UTC time
+/// (`2026-12-03T00:32:54.562505Z ...`).
+fn log_time(line: &str) -> Option<f64> {
+    let ts = line.split_whitespace().next()?.strip_suffix('Z')?;
+    let (date, time) = ts.split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
+    let (y, m, dd) = (d.next()??, d.next()??, d.next()??);
+    let mut t = time.split(':');
+    let (h, mi, sec) = (
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+    );
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + dd - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + h * 3_600.0 + mi * 60.0 + sec)
 }
 
 #[test]
