@@ -19,6 +19,7 @@
 #[path = "support/compose.rs"]
 mod compose;
 
+use std::io::{BufRead, Write};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -377,6 +378,10 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
     let _ = driver.kill();
     let _ = driver.wait();
 
+    // (stub-b: the sleeping task's job above, whose driver's `docker exec`
+    // was killed, not its driver, may still retry its stub-a task.)
+    an_engine_whose_worker_is_never_given_work_is_retired(&c, &engine_image("stub-b"));
+
     // A stopped node leaves none of its engine containers behind, running
     // or exited (R-PID-4, R-SHIM-4).
     for w in ["worker-1", "worker-2"] {
@@ -395,6 +400,159 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
             "containers left behind by {w} after docker stop:\n{all}"
         );
     }
+}
+
+/// An actor killed while its engine container starts leaves a Ray worker
+/// that no one will give work: the raylet keeps idle workers of a live job
+/// while it has free CPUs, whatever their image, so without the agent the
+/// container stays until Ray stops (seen after a rolling replacement: an
+/// old version's engine outlived the upgrade). The worker agent retires it
+/// (the worker's own Exit, as the raylet retires an idle worker) once it was
+/// idle in two rounds 60 s apart; the job stays alive all along.
+fn an_engine_whose_worker_is_never_given_work_is_retired(c: &Cluster, image: &str) {
+    // The engine containers of `image`'s Ray workers (Ray's image_uri
+    // plugin first runs a short probe container, `python -c ...`: not one);
+    // the shim creates them from the image's ID, resolved once.
+    let id = run(Command::new("docker").args(["image", "inspect", "-f", "{{.Id}}", image]));
+    let id = id.trim();
+    let owned = |w: &str| -> Vec<String> {
+        run(Command::new("docker").args([
+            "ps",
+            "--no-trunc",
+            "--format",
+            "{{.ID}} {{.Image}} {{.Command}}",
+            "--filter",
+            &format!("label=io.argus.shim.owner={w}"),
+        ]))
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|i| i == image || i == id)
+                && l.contains("default_worker.py")
+        })
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .collect()
+    };
+    let workers = [c.container("worker-1"), c.container("worker-2")];
+    let before: Vec<String> = workers.iter().flat_map(|w| owned(w)).collect();
+    let script = format!(
+        r#"
+import os, socket, sys, time
+import ray
+ip = socket.gethostbyname(socket.gethostname())
+ray.init(address=f"{{ip}}:{{os.environ.get('ARGUS_RAY_PORT', '6379')}}", log_to_driver=False)
+
+@ray.remote(runtime_env={{"image_uri": "{image}"}}, resources={{"worker_node": 1}})
+class Stray:
+    def ping(self):
+        return 1
+
+a = Stray.remote()
+print("created", flush=True)
+sys.stdin.readline()
+ray.kill(a)
+print("killed", flush=True)
+sys.stdin.readline()
+"#
+    );
+    let mut driver = Command::new("docker")
+        .args([
+            "exec",
+            "-u",
+            "ray",
+            "-i",
+            &c.container("head"),
+            "timeout",
+            "600",
+        ])
+        .args(["python", "-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("docker exec");
+    let mut stdin = driver.stdin.take().unwrap();
+    let mut lines = std::io::BufReader::new(driver.stdout.take().unwrap()).lines();
+    let said = |lines: &mut std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+                what: &str| {
+        let l: String = lines.next().and_then(Result::ok).unwrap_or_default();
+        assert_eq!(l, what, "the stray-actor driver did not say {what:?}");
+    };
+    said(&mut lines, "created");
+    // Killed as soon as its engine container runs: before the worker in it
+    // registers with the raylet (a Python start and `import ray` later).
+    let t = Instant::now();
+    let (owner, stray) = loop {
+        let found = workers.iter().find_map(|w| {
+            owned(w)
+                .into_iter()
+                .find(|id| !before.contains(id))
+                .map(|id| (w.clone(), id))
+        });
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the stray actor's engine container did not start in 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    writeln!(stdin, "kill").unwrap();
+    said(&mut lines, "killed");
+    let killed_at = Instant::now();
+    log(&format!(
+        "stray actor killed {:.1}s after its engine {:.12} started on {owner:.12}",
+        t.elapsed().as_secs_f64(),
+        stray
+    ));
+    let retired = || {
+        let l = output(Command::new("docker").args(["logs", &owner]));
+        String::from_utf8_lossy(&l.stdout)
+            .lines()
+            .chain(String::from_utf8_lossy(&l.stderr).lines())
+            .any(|l| l.contains("retired an engine container's ray worker"))
+    };
+    loop {
+        let running = owned(&owner).contains(&stray);
+        if !running {
+            break;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(200),
+            "the stray actor's engine container {stray:.12} still runs 200 s after the \
+             actor was killed (the job alive): its idle worker was never retired"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let gone_after = killed_at.elapsed().as_secs_f64();
+    let by_agent = retired();
+    log(&format!(
+        "stray engine gone {gone_after:.1}s after the kill; retired by the agent: {by_agent}"
+    ));
+    // Gone by itself within seconds means the worker registered and its
+    // actor was created before the kill: not the case this checks.
+    let raylet = output(Command::new("docker").args([
+        "exec",
+        &owner,
+        "sh",
+        "-c",
+        "grep -h -i -E 'cancel|kill|idle|disconnect|started worker|register' \
+         /tmp/ray/session_latest/logs/raylet.out | tail -n 40",
+    ]));
+    assert!(
+        by_agent,
+        "the stray engine {stray:.12} ended {gone_after:.1}s after the kill, but not by \
+         the agent's retirement (its actor was created before the kill?); its raylet:\n{}",
+        String::from_utf8_lossy(&raylet.stdout)
+    );
+    assert!(
+        gone_after >= 55.0,
+        "the stray engine was retired {gone_after:.1}s after the kill: before 60 s of idleness"
+    );
+    let _ = writeln!(stdin, "done");
+    let _ = driver.wait();
 }
 
 /// Issue 8 §4: `docker kill` + `docker start` of the head container (what a

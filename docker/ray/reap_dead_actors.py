@@ -30,10 +30,17 @@ alone, is no proof: see ``is_that_worker``). The raylet then sees its worker exi
 its resources; for an engine container the container exits with its
 process and the podman shim removes it. Prints one JSON line: how many DEAD
 actors it looked at and which pids it killed.
+
+With ``--idle-engines <gcs> <pid>:<0|1>...`` it asks the engine
+containers' workers the agent names whether they were ever given work, and
+retires those that never were (``idle_engines``)::
+
+    python -I reap_dead_actors.py --idle-engines <gcs ip:port> <pid>:1
 """
 
 import json
 import os
+import re
 import signal
 import sys
 
@@ -45,6 +52,9 @@ from ray.core.generated import common_pb2, gcs_pb2, gcs_service_pb2, gcs_service
 # (its node or owner presumed dead while the GCS was down) may still be
 # serving requests on a live node, and killing it would fail them.
 RAY_KILL = common_pb2.ActorDiedErrorContext.RAY_KILL
+
+# A core worker's own log: its worker id (28 bytes, hex) and its pid.
+WORKER_LOG = re.compile(r"python-core-worker-([0-9a-f]{56})_([1-9][0-9]*)\.log")
 
 
 def gcs_channel(address):
@@ -117,7 +127,113 @@ def kill_if_that_worker(worker_id, pid):
         os.close(pidfd)
 
 
+NIL_ACTOR = b"\xff" * 16
+
+
+def is_used(stats):
+    """True if the worker has been given work: an actor (its creation task
+    starts it), a task run or under way, a queued one, or tasks of its own
+    in flight. A worker the raylet started for a lease that was then
+    cancelled, or granted to a GCS that restarted and forgot it, shows none
+    of these for good."""
+    return (
+        (stats.actor_id and stats.actor_id != NIL_ACTOR)
+        or stats.num_executed_tasks > 0
+        or stats.num_running_tasks > 0
+        or stats.task_queue_length > 0
+        or stats.num_pending_tasks > 0
+    )
+
+
+def worker_of(pid):
+    """The Ray worker id (hex) of process ``pid``: from the core-worker log
+    it holds open, ``python-core-worker-<worker id>_<pid>.log`` (a log of
+    another pid is a parent's, inherited); None if it holds none or cannot
+    be read. Read as the Ray user: root in a node may not read the open
+    files of another user's processes (no CAP_SYS_PTRACE)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            name = os.path.basename(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+        m = WORKER_LOG.fullmatch(name)
+        if m and m.group(2) == str(pid):
+            return m.group(1)
+    return None
+
+
+def idle_engines(address, asks):
+    """For each (pid, may_exit) the agent found titled idle in an engine
+    container on this node: "used" once the worker was given any work (the
+    agent does not ask about it again), "idle" when it never was, "exited"
+    when it was idle, ``may_exit`` was set (it was idle a round before too)
+    and it agreed to exit, "unknown" when the process is no Ray worker (any
+    more), or the GCS or the worker did not answer.
+
+    Why: Ray's raylet keeps idle workers while there are fewer than its
+    free CPUs, whatever their runtime_env, and a worker started for a lease
+    that no one uses any more (a Serve replica stopped while its engine
+    container was starting; a lease granted to a GCS that then restarted)
+    is such a worker: its engine container would stay until Ray stops
+    (seen after a rolling replacement: an old version's engine container
+    outlived the upgrade to a new one). The exit is the raylet's own way of
+    retiring an idle worker (the Exit call, not forced: the worker refuses
+    if it still owns objects); the raylet sees it leave and frees what it
+    held, and the engine container ends with it."""
+    from ray.core.generated import core_worker_pb2, core_worker_pb2_grpc
+
+    stub = gcs_service_pb2_grpc.WorkerInfoGcsServiceStub(gcs_channel(address))
+    out = []
+    for pid, may_exit in asks:
+        state = "unknown"
+        worker_id = worker_of(pid)
+        try:
+            if worker_id is None:
+                raise LookupError(pid)
+            info = stub.GetWorkerInfo(
+                gcs_service_pb2.GetWorkerInfoRequest(worker_id=bytes.fromhex(worker_id)),
+                timeout=10,
+            ).worker_table_data
+            a = info.worker_address
+            if info.is_alive and info.pid == pid and a.port and is_that_worker(worker_id, pid):
+                worker = core_worker_pb2_grpc.CoreWorkerServiceStub(
+                    gcs_channel(f"{a.ip_address}:{a.port}")
+                )
+                stats = worker.GetCoreWorkerStats(
+                    core_worker_pb2.GetCoreWorkerStatsRequest(intended_worker_id=a.worker_id),
+                    timeout=10,
+                ).core_worker_stats
+                if is_used(stats):
+                    state = "used"
+                elif not may_exit:
+                    state = "idle"
+                else:
+                    reply = worker.Exit(core_worker_pb2.ExitRequest(force_exit=False), timeout=10)
+                    state = "exited" if reply.success else "idle"
+        except (grpc.RpcError, LookupError):
+            pass
+        out.append({"worker_id": worker_id, "pid": pid, "state": state})
+    return out
+
+
+def parse_asks(args):
+    """``<pid>:<0|1>`` each (the agent's own arguments)."""
+    asks = []
+    for a in args:
+        pid, may_exit = a.split(":")
+        asks.append((int(pid), may_exit == "1"))
+    return asks
+
+
 def main():
+    if sys.argv[1] == "--idle-engines":
+        out = idle_engines(sys.argv[2], parse_asks(sys.argv[3:]))
+        print(json.dumps({"workers": out}))
+        return
     address = sys.argv[1]
     killed = []
     actors = dead_actors(address)

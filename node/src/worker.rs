@@ -267,6 +267,7 @@ impl Node<WorkerRole> {
                     // run: reap what it then kills without telling us.
                     if let Some(a) = &self.actor_reaper {
                         a.arm(Some(&t.address));
+                        a.joined(Some(&t.address));
                     }
                     self.role.scheduled = Some(t.clone());
                     self.set_state(
@@ -332,6 +333,7 @@ impl Node<WorkerRole> {
                     (w.gcs_down_since, w.next_gcs_probe, w.gcs_reported) = (None, None, false);
                     if let Some(a) = &self.actor_reaper {
                         a.arm(None);
+                        a.joined(Some(&t.address));
                     }
                     self.start_ray(Some(t));
                 }

@@ -270,6 +270,73 @@ pub fn adopted(
     out
 }
 
+/// An idle Ray worker process of an engine container: a process of the Ray
+/// user in the node's PID namespace but not in the node's cgroup (an engine
+/// started with `--pid host` shares the namespace and has its own cgroup)
+/// whose title is Ray's idle worker's, `ray::IDLE`. The agent cannot read
+/// such a process's open files (root in a node has no CAP_SYS_PTRACE), so
+/// which Ray worker it is, and whether it was ever given work, is asked as
+/// the Ray user (node/src/actor_reaper.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EngineWorker {
+    pub pid: u32,
+    /// Its start time (clock ticks since boot, `/proc/<pid>/stat`): a pid
+    /// and its start time name one process.
+    pub start: u64,
+}
+
+/// The idle engine workers in this PID namespace whose processes run as
+/// `uid` (none when the agent's own cgroup cannot be read). Reads only
+/// world-readable files of `/proc`.
+pub fn idle_engine_workers(uid: u32) -> Vec<EngineWorker> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(node) = cgroup_of("self") else {
+        return Vec::new();
+    };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        // The owner of /proc/<pid> is the process's effective user.
+        if e.metadata().ok().map(|m| m.uid()) != Some(uid) {
+            continue;
+        }
+        if !std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| is_idle_title(&c)) {
+            continue;
+        }
+        match cgroup_of(&pid.to_string()) {
+            Some(c) if c != node => {}
+            _ => continue,
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if let Some(start) = start_time(&stat) {
+            out.push(EngineWorker { pid, start });
+        }
+    }
+    out.sort_by_key(|w| w.pid);
+    out
+}
+
+/// True if `cmdline` (as `/proc/<pid>/cmdline` holds it) is the title Ray
+/// gives an idle worker: `ray::IDLE`, then nothing, NULs or spaces (pure).
+pub fn is_idle_title(cmdline: &[u8]) -> bool {
+    cmdline
+        .strip_prefix(b"ray::IDLE")
+        .is_some_and(|rest| rest.iter().all(|&b| b == 0 || b == b' '))
+}
+
+/// The start time (field 22) of a `/proc/<pid>/stat` line (pure); the
+/// command name (field 2, in parentheses) may hold anything, so fields are
+/// counted after its last `)`.
+pub fn start_time(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// The user a sweep by `uid` may take, for a process of `pid` running as
 /// `mine`: only PID 1 of its own namespace sweeps by user (in a node's PID
 /// namespace every process is the node's; a node started with `--pid host`
@@ -330,6 +397,63 @@ fn targets(all: &[ProcInfo], me: u32, uid: Option<u32>) -> Vec<ProcInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_rays_idle_title_counts_as_idle() {
+        for idle in [
+            &b"ray::IDLE"[..],
+            b"ray::IDLE\0",
+            b"ray::IDLE   \0\0",
+            b"ray::IDLE ",
+        ] {
+            assert!(is_idle_title(idle), "{idle:?}");
+        }
+        for busy in [
+            &b"ray::ServeReplica:drain:EngineStub"[..],
+            b"ray::task",
+            b"ray::IDLEX",
+            b"ray::IDLE\0--flag",
+            b"ray::idle",
+            b"python\0ray::IDLE",
+            b" ray::IDLE",
+            b"",
+        ] {
+            assert!(!is_idle_title(busy), "{busy:?}");
+        }
+    }
+
+    #[test]
+    fn a_start_time_is_read_after_the_last_parenthesis() {
+        let stat =
+            "4986 (ray::IDLE) S 1 4986 4986 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 3 0 123456 1 2";
+        assert_eq!(start_time(stat), Some(123456));
+        // A name with spaces and parentheses of its own.
+        let stat = "77 (a) b) c (d)) R 1 77 77 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 42 9";
+        assert_eq!(start_time(stat), Some(42));
+        assert_eq!(start_time("77 (x) R 1"), None);
+        assert_eq!(start_time(""), None);
+    }
+
+    #[test]
+    fn an_idle_title_in_the_agents_own_cgroup_is_no_engine_worker() {
+        // A child of this test, titled as Ray's idle worker, in this
+        // process's (the agent's) cgroup.
+        let me = nix::unistd::getuid().as_raw();
+        let mut child = std::process::Command::new("bash")
+            .args(["-c", "exec -a ray::IDLE cat"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| is_idle_title(&c)) {
+            assert!(Instant::now() < deadline, "the child never took the title");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(idle_engine_workers(me).iter().all(|w| w.pid != pid));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 
     fn p(pid: u32, ppid: u32, name: &str, zombie: bool) -> ProcInfo {
         ProcInfo {
