@@ -222,7 +222,52 @@ impl ActorReaper {
     }
 }
 
-/// Runs the script once; logs what it killed or why it failed.
+/// How a run of the script went.
+enum Run {
+    /// It printed this JSON object last.
+    Said(serde_json::Value),
+    /// It failed: its exit, whether it timed out, its last stderr line.
+    Failed(String),
+    /// It is not there (outside the node image).
+    Missing,
+}
+
+/// Runs `python <script> <args>` as the Ray user, with `env`, at most
+/// [`TIMEOUT`].
+fn run_script(
+    script: &Path,
+    args: &[String],
+    user: Option<&RayUser>,
+    env: &[(String, String)],
+    stop: &Stop,
+) -> Run {
+    if !script.exists() {
+        return Run::Missing;
+    }
+    let mut cmd = Command::new("python");
+    cmd.arg(script).args(args);
+    confine(&mut cmd, user);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    match reaper::spawn_captured(&mut cmd, TIMEOUT, stop) {
+        Ok(c) if c.exit.is_some_and(|e| e.success()) => {
+            let out = String::from_utf8_lossy(&c.stdout);
+            let line = out.lines().last().unwrap_or_default();
+            Run::Said(serde_json::from_str(line).unwrap_or_default())
+        }
+        Ok(c) => {
+            let err = String::from_utf8_lossy(&c.stderr);
+            Run::Failed(format!(
+                "exit {:?}, timed out {}: {}",
+                c.exit,
+                c.timed_out,
+                err.lines().last().unwrap_or_default()
+            ))
+        }
+        Err(e) => Run::Failed(format!("cannot run {}: {e}", script.display())),
+    }
+}
+
+/// Runs the dead-actor reaper once; logs what it killed or why it failed.
 fn reap_once(
     script: &Path,
     gcs: &str,
@@ -230,21 +275,9 @@ fn reap_once(
     env: &[(String, String)],
     stop: &Stop,
 ) {
-    if !script.exists() {
-        return;
-    }
-    let mut cmd = Command::new("python");
-    cmd.arg(script).arg(gcs);
-    confine(&mut cmd, user);
-    cmd.envs(env.iter().map(|(k, v)| (k, v)));
-    match reaper::spawn_captured(&mut cmd, TIMEOUT, stop) {
-        Ok(c) if c.exit.is_some_and(|e| e.success()) => {
-            let out = String::from_utf8_lossy(&c.stdout);
-            let line = out.lines().last().unwrap_or_default();
-            let killed = serde_json::from_str::<serde_json::Value>(line)
-                .ok()
-                .and_then(|v| v["killed"].as_array().cloned())
-                .unwrap_or_default();
+    match run_script(script, &[gcs.to_string()], user, env, stop) {
+        Run::Said(v) => {
+            let killed = v["killed"].as_array().cloned().unwrap_or_default();
             if killed.is_empty() {
                 debug!(gcs, "no worker of a dead actor left on this node");
             } else {
@@ -252,13 +285,10 @@ fn reap_once(
                     "killed workers of actors the gcs holds dead (ray-project/ray#63763)");
             }
         }
-        Ok(c) => {
-            let err = String::from_utf8_lossy(&c.stderr);
-            warn!(gcs, exit = ?c.exit, timed_out = c.timed_out,
-                stderr = err.lines().last().unwrap_or_default(),
-                "the dead-actor reaper failed; trying again in 30 s");
+        Run::Failed(why) => {
+            warn!(gcs, %why, "the dead-actor reaper failed; trying again in 30 s");
         }
-        Err(e) => warn!(error = %e, script = %script.display(), "cannot run the dead-actor reaper"),
+        Run::Missing => {}
     }
 }
 
@@ -273,26 +303,15 @@ fn idle_round(
     env: &[(String, String)],
     stop: &Stop,
 ) {
-    if !script.exists() {
-        return;
-    }
-    let mut cmd = Command::new("python");
-    cmd.arg(script).arg("--idle-engines").arg(gcs);
-    for (w, may_exit) in asks {
-        cmd.arg(format!("{}:{}", w.pid, u8::from(*may_exit)));
-    }
-    confine(&mut cmd, user);
-    cmd.envs(env.iter().map(|(k, v)| (k, v)));
-    match reaper::spawn_captured(&mut cmd, TIMEOUT, stop) {
-        Ok(c) if c.exit.is_some_and(|e| e.success()) => {
-            let out = String::from_utf8_lossy(&c.stdout);
-            let line = out.lines().last().unwrap_or_default();
-            let workers = serde_json::from_str::<serde_json::Value>(line)
-                .ok()
-                .and_then(|v| v["workers"].as_array().cloned())
-                .unwrap_or_default();
+    let mut args = vec!["--idle-engines".to_string(), gcs.to_string()];
+    args.extend(
+        asks.iter()
+            .map(|(w, may_exit)| format!("{}:{}", w.pid, u8::from(*may_exit))),
+    );
+    match run_script(script, &args, user, env, stop) {
+        Run::Said(v) => {
             let now = Instant::now();
-            for r in &workers {
+            for r in v["workers"].as_array().into_iter().flatten() {
                 // Only the processes asked about (by pid) are recorded.
                 let Some(w) = asks
                     .iter()
@@ -314,13 +333,9 @@ fn idle_round(
                 }
             }
         }
-        Ok(c) => {
-            let err = String::from_utf8_lossy(&c.stderr);
-            debug!(gcs, exit = ?c.exit, timed_out = c.timed_out,
-                stderr = err.lines().last().unwrap_or_default(),
-                "the idle engine check failed; trying again in 30 s");
-        }
-        Err(e) => warn!(error = %e, script = %script.display(), "cannot run the idle engine check"),
+        // The GCS may be down (a head restart): the next round asks again.
+        Run::Failed(why) => debug!(gcs, %why, "the idle engine check failed; trying again in 30 s"),
+        Run::Missing => {}
     }
 }
 
