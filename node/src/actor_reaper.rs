@@ -146,10 +146,13 @@ impl ActorReaper {
                 let mut gcs: Option<String> = None;
                 let mut joined: Option<String> = None;
                 let mut watch = IdleWatch::default();
-                let uid = user
+                // Engines' workers are told apart only from inside a node:
+                // PID 1 of its own PID namespace, Ray as a user of its own
+                // (elsewhere /proc is a host's, with other nodes' engines).
+                let engines_uid = user
                     .as_ref()
-                    .map(|u| u.uid)
-                    .unwrap_or_else(|| nix::unistd::geteuid().as_raw());
+                    .filter(|u| std::process::id() == 1 && !u.is_current())
+                    .map(|u| u.uid);
                 // One deadline for both duties, so that a message (an arm,
                 // a rejoin) does not put the next round off.
                 let mut next = Instant::now() + EVERY;
@@ -161,14 +164,14 @@ impl ActorReaper {
                     };
                     match msg {
                         Ok(Msg::Arm(a)) => gcs = a,
-                        Ok(Msg::Joined(a)) => joined = a,
+                        Ok(Msg::Joined(a)) => joined = a.filter(|_| engines_uid.is_some()),
                         Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                         Err(RecvTimeoutError::Timeout) => {
                             next = Instant::now() + EVERY;
                             if let Some(a) = &gcs {
                                 reap_once(Path::new(SCRIPT), a, user.as_ref(), &env, &stop);
                             }
-                            if let Some(a) = &joined {
+                            if let (Some(a), Some(uid)) = (&joined, engines_uid) {
                                 let present = tree::idle_engine_workers(uid);
                                 let asks = watch.asks(Instant::now(), &present);
                                 if !asks.is_empty() {
