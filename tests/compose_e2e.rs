@@ -527,7 +527,14 @@ sys.stdin.readline()
         std::thread::sleep(Duration::from_secs(1));
     }
     let gone_after = killed_at.elapsed().as_secs_f64();
-    let by_agent = retired();
+    // The agent logs the retirement once its script has ended, which on a
+    // loaded host can be seconds after the worker (and its container) left.
+    let t = Instant::now();
+    let mut by_agent = retired();
+    while !by_agent && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_secs(1));
+        by_agent = retired();
+    }
     log(&format!(
         "stray engine gone {gone_after:.1}s after the kill; retired by the agent: {by_agent}"
     ));
