@@ -862,6 +862,21 @@ fn failure_evidence(c: &Cluster, since: &str) -> String {
             "--- {w}: Serve's proxy and replica errors (last 25)\n{}\n",
             String::from_utf8_lossy(&o.stdout).trim_end()
         ));
+        // The first failed request whole: its traceback's last lines say
+        // what failed (an exception without "Error:" in its name, such as
+        // a cancellation, matches none of the patterns above).
+        let first = output(Command::new("docker").args([
+            "exec",
+            &c.container(w),
+            "sh",
+            "-c",
+            "grep -h -A 30 -m 1 'Request failed' /tmp/ray/session_*/logs/serve/replica_*.log \
+             2>/dev/null | head -n 30",
+        ]));
+        out.push_str(&format!(
+            "--- {w}: the first failed request in a replica's log\n{}\n",
+            String::from_utf8_lossy(&first.stdout).trim_end()
+        ));
     }
     out
 }
