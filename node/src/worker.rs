@@ -20,6 +20,10 @@ use super::{Node, RoleLoop, RoleStatus, Target, STORAGE_BOUND, WAIT_LOG_EVERY};
 pub(super) struct WorkerRole {
     /// Since when the joined head's GCS has not accepted connections.
     pub(super) gcs_down_since: Option<Instant>,
+    /// When the last probe that found the joined head's GCS down was asked
+    /// for while the record had stood still for the probe threshold: the
+    /// evidence of a crashed head (see [`head_looks_crashed`]).
+    pub(super) quiet_refusal: Option<Instant>,
     pub(super) next_gcs_probe: Option<Instant>,
     /// The long outage was logged (once per outage).
     pub(super) gcs_reported: bool,
@@ -100,7 +104,13 @@ impl RoleLoop for WorkerRole {
             head_address: record.map(|r| r.gcs_address()),
             head_instance: record.map(|r| r.instance_id.clone()),
             takeover: None,
-            head_gcs: node.role.gcs_note.clone(),
+            // Only while it still holds: a record that changed after the
+            // last quiet refusal was refreshed by a live head.
+            head_gcs: node
+                .role
+                .quiet_refusal
+                .filter(|&q| head_looks_crashed(Some(q), node.lease.changed_at()))
+                .and(node.role.gcs_note.clone()),
             gcs_ft: record.is_some_and(|r| r.gcs_ft),
             record_changed_at: node.lease.changed_at(),
         }
@@ -331,6 +341,7 @@ impl Node<WorkerRole> {
                     // evidence about this one.
                     let w = &mut self.role;
                     (w.gcs_down_since, w.next_gcs_probe, w.gcs_reported) = (None, None, false);
+                    w.quiet_refusal = None;
                     if let Some(a) = &self.actor_reaper {
                         a.arm(None);
                         a.joined(Some(&t.address));
@@ -407,9 +418,14 @@ impl Node<WorkerRole> {
             if let Some(since) = w.gcs_down_since.take() {
                 info!(%addr, down_s = since.elapsed().as_secs_f64(), "the head's gcs accepts connections again");
             }
-            w.gcs_note = None;
+            (w.gcs_note, w.quiet_refusal) = (None, None);
             return;
         }
+        let probe_after = self.cfg.poll.max(self.cfg.ttl / 4);
+        if asked_while_quiet(a.asked, self.lease.changed_at(), probe_after) {
+            self.role.quiet_refusal = Some(a.asked);
+        }
+        let w = &mut self.role;
         let since = *w.gcs_down_since.get_or_insert(now);
         let down = now.saturating_duration_since(since);
         let what = if p == Probe::Refused {
@@ -433,7 +449,7 @@ impl Node<WorkerRole> {
             warn!(%addr, down_s = down.as_secs_f64(), zombie_s = self.cfg.gcs_ft_zombie.as_secs_f64(),
                 "cut off from the GCS past ARGUS_GCS_FT_ZOMBIE_S; restarting ray to rejoin (zombie-worker guard)");
             let w = &mut self.role;
-            w.gcs_down_since = None;
+            (w.gcs_down_since, w.quiet_refusal) = (None, None);
             w.scheduled = None;
             argus_telemetry::metrics::rejoin("zombie_guard");
             self.stop_ray_now("zombie-worker guard");
@@ -454,9 +470,10 @@ impl Node<WorkerRole> {
         let (Some(target), Some(since)) = (joined, w.gcs_down_since) else {
             return;
         };
-        if !head_looks_crashed(since, changed_at) {
-            // The record changed after the GCS was first seen down: the
-            // head lives (it refreshed), so this is an ordinary restart.
+        if !head_looks_crashed(w.quiet_refusal, changed_at) {
+            // No probe found the GCS down after the record last changed
+            // and stood still: the head lives (it refreshed), so this is an
+            // ordinary restart.
             return;
         }
         let why = format!(
@@ -488,17 +505,35 @@ impl Node<WorkerRole> {
 }
 
 /// Returns true if and only if the joined head looks crashed to a worker
-/// whose Ray just exited: its GCS was seen down at `gcs_down_since` and its
+/// whose Ray just exited: a probe asked for while the record stood still
+/// found its GCS down (`quiet_refusal`, see [`asked_while_quiet`]), and the
 /// record has not changed since (`record_changed_at`). A record that
-/// changed after the first failed probe was refreshed by a live head; only
-/// a quiet record starts probes, and a record that stood still for a
-/// moment on a loaded machine must not hold a restart (seen in CI: a
-/// 200 ms refresh delayed past the probe threshold).
+/// changed after that probe was refreshed by a live head; a refresh that a
+/// loaded machine delays past the probe threshold must not hold a restart
+/// (seen in CI: a 200 ms refresh delayed past it), and neither may the
+/// first refusal of a streak whose head refreshed since (seen in CI: the
+/// head's last refresh noticed after the first refused probe).
 pub(super) fn head_looks_crashed(
-    gcs_down_since: Instant,
+    quiet_refusal: Option<Instant>,
     record_changed_at: Option<Instant>,
 ) -> bool {
-    record_changed_at.is_none_or(|c| c <= gcs_down_since)
+    quiet_refusal.is_some_and(|q| record_changed_at.is_none_or(|c| c <= q))
+}
+
+/// Returns true if and only if a probe asked for at `asked` is evidence of
+/// a quiet record: the record had not changed for `probe_after` by then
+/// (never changed counts as quiet). Probes go on while the GCS stays down,
+/// also after the record moved again; those are not evidence.
+pub(super) fn asked_while_quiet(
+    asked: Instant,
+    record_changed_at: Option<Instant>,
+    probe_after: Duration,
+) -> bool {
+    record_changed_at.is_none_or(|c| {
+        asked
+            .checked_duration_since(c)
+            .is_some_and(|quiet| quiet >= probe_after)
+    })
 }
 
 /// After this long a head GCS that refuses connections is reported.
@@ -530,10 +565,44 @@ mod tests {
         let down = Instant::now();
         let before = down - Duration::from_millis(800);
         let after = down + Duration::from_millis(200);
-        assert!(head_looks_crashed(down, Some(before)));
-        assert!(head_looks_crashed(down, Some(down)));
-        assert!(head_looks_crashed(down, None));
-        assert!(!head_looks_crashed(down, Some(after)));
+        assert!(head_looks_crashed(Some(down), Some(before)));
+        assert!(head_looks_crashed(Some(down), Some(down)));
+        assert!(head_looks_crashed(Some(down), None));
+        assert!(!head_looks_crashed(Some(down), Some(after)));
+        assert!(!head_looks_crashed(None, Some(before)));
+        assert!(!head_looks_crashed(None, None));
+    }
+
+    #[test]
+    fn only_a_probe_asked_for_after_the_record_stood_still_is_evidence() {
+        let threshold = Duration::from_secs(5);
+        let changed = Instant::now();
+        let at = |ms| changed + Duration::from_millis(ms);
+        assert!(asked_while_quiet(at(5_000), Some(changed), threshold));
+        assert!(asked_while_quiet(at(9_000), Some(changed), threshold));
+        assert!(!asked_while_quiet(at(4_999), Some(changed), threshold));
+        assert!(!asked_while_quiet(at(200), Some(changed), threshold));
+        // A change noticed after the probe was asked for: not quiet.
+        assert!(!asked_while_quiet(changed, Some(at(300)), threshold));
+        assert!(asked_while_quiet(changed, None, threshold));
+    }
+
+    /// The race of a CI run under load: the head paused, a probe found the
+    /// GCS down, the head's last refresh was noticed after it, then the
+    /// head crashed. The first refusal is no evidence; the next quiet one is.
+    #[test]
+    fn a_refusal_before_the_heads_last_refresh_is_replaced_by_a_later_quiet_one() {
+        let threshold = Duration::from_secs(5);
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let first_refusal = at(5_000);
+        let late_refresh = Some(at(6_000));
+        assert!(!head_looks_crashed(Some(first_refusal), late_refresh));
+        // Probes go on every second; only one 5 s after the refresh counts.
+        assert!(!asked_while_quiet(at(7_000), late_refresh, threshold));
+        let quiet = at(11_000);
+        assert!(asked_while_quiet(quiet, late_refresh, threshold));
+        assert!(head_looks_crashed(Some(quiet), late_refresh));
     }
 
     #[test]
