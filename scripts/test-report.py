@@ -8,7 +8,9 @@ failures and the summary fit in the last 40 lines whatever the logs above
 them held (more than MAX_LISTED failures are listed in a file instead).
 
 Inputs: nextest's JUnit report (every test of the workspace but doctests, with
-the output of each failed one), the log of `cargo test --doc` (libtest's
+the output of each failed one), the phase files of the scenarios
+(tests/support/scenario.rs: a test that runs several checks on one cluster,
+each a named phase counted here as a test of its own), the log of `cargo test --doc` (libtest's
 `test result:` lines), the timeline marks of scripts/test (one per line,
 "<seconds since start>\t<what>"), and optionally vmstat's log of the run.
 Writes each failed test's whole output to <logs>/<binary>/<test>.log.
@@ -53,9 +55,39 @@ def safe(name):
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "test"
 
 
-def read_junit(path, logs):
+def read_phases(path):
+    """The phases of the scenarios: {(binary, scenario): [(phase, result,
+    first line)]}, one entry per planned phase in order; result is "pass",
+    "fail" or None (planned, never run)."""
+    scenarios = {}
+    if not path or not os.path.isdir(path):
+        return scenarios
+    for entry in sorted(os.listdir(path)):
+        if not entry.endswith(".tsv") or "." not in entry[:-4]:
+            continue
+        binary, _, scenario = entry[:-4].partition(".")
+        phases, order = {}, []
+        for line in open(os.path.join(path, entry), errors="replace"):
+            f = line.rstrip("\n").split("\t")
+            if f[0] == "plan" and len(f) >= 2:
+                order.append(f[1])
+                phases[f[1]] = (None, "")
+            elif f[0] in ("pass", "fail") and len(f) >= 2:
+                if f[1] not in phases:
+                    order.append(f[1])
+                phases[f[1]] = (f[0], f[3] if len(f) > 3 else "")
+        scenarios[(binary, scenario)] = [(p, *phases[p]) for p in order]
+    return scenarios
+
+
+def read_junit(path, logs, scenarios=None):
     """Returns (passed, failed tests, timings): failed tests are
-    (binary, test, first line, log path); timings (seconds, binary, test)."""
+    (binary, test, first line, log path); timings (seconds, binary, test).
+    A scenario's test counts as its phases (`scenarios`, read_phases): each
+    passed phase a pass, each failed or never-run phase a failure named
+    "<scenario>::<phase>"; the test itself fails on its own only when it
+    failed with every phase passed."""
+    scenarios = scenarios or {}
     passed, failed, timings = 0, [], []
     if not os.path.exists(path):
         return passed, failed, timings
@@ -68,8 +100,11 @@ def read_junit(path, logs):
         fail = case.find("failure")
         if fail is None:
             fail = case.find("error")
+        phases = scenarios.get((binary, name))
+        if phases and case.find("skipped") is None:
+            passed += sum(1 for _, result, _ in phases if result == "pass")
         if fail is None:
-            if case.find("skipped") is None:
+            if case.find("skipped") is None and not phases:
                 passed += 1
             continue
         out = case.findtext("system-out") or ""
@@ -83,7 +118,14 @@ def read_junit(path, logs):
             if fail.text:
                 f.write("# --- nextest's failure description\n" + fail.text + "\n")
         reason = fail.get("message") or fail.get("type") or "failed"
-        failed.append((binary, name, first_failure_line(out + "\n" + err, reason), log))
+        first = first_failure_line(out + "\n" + err, reason)
+        bad = [(p, r, line) for p, r, line in (phases or []) if r != "pass"]
+        if not bad:
+            failed.append((binary, name, first, log))
+        for phase, result, line in bad:
+            if result is None:
+                line = f"not run: the scenario ended before this phase ({first})"
+            failed.append((binary, f"{name}::{phase}", line, log))
     return passed, failed, timings
 
 
@@ -132,6 +174,7 @@ def main():
     p.add_argument("--junit", required=True)
     p.add_argument("--doctests", help="the log of cargo test --doc")
     p.add_argument("--nextest-log", help="nextest's output (its Summary line gives the skipped count)")
+    p.add_argument("--phases", help="the scenarios' phase files (ARGUS_PHASE_DIR)")
     p.add_argument("--timeline")
     p.add_argument("--vmstat")
     p.add_argument("--logs", required=True, help="where each failed test's log is written")
@@ -141,7 +184,7 @@ def main():
     p.add_argument("--slowest", type=int, default=12)
     o = p.parse_args()
 
-    passed, failed, timings = read_junit(o.junit, o.logs)
+    passed, failed, timings = read_junit(o.junit, o.logs, read_phases(o.phases))
     dpassed, dfailed, dignored = read_libtest(o.doctests, o.logs)
     skipped = 0
     if o.nextest_log and os.path.exists(o.nextest_log):

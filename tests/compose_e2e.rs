@@ -18,24 +18,93 @@
 
 #[path = "support/compose.rs"]
 mod compose;
+#[path = "support/scenario.rs"]
+mod scenario;
 
 use std::io::{BufRead, Write};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use compose::*;
+use scenario::Scenario;
 use serde_json::Value;
+
+/// The plain cluster (head and two workers, no GCS FT): three checks that
+/// were tests of their own, one cluster (tests/support/scenario.rs). The
+/// last phase stops both workers, so it goes last.
+#[test]
+fn compose_plain_cluster_scenario() {
+    elapsed_since_start();
+    let mut s = Scenario::new(
+        "compose_e2e",
+        "compose_plain_cluster_scenario",
+        &[
+            "compose_cluster_comes_up_and_heals_from_node_faults",
+            "compose_worker_stops_cleanly_on_docker_stop",
+            "runtime_env_container_jobs_run_in_sibling_engine_containers",
+        ],
+        || {
+            require_docker();
+            build_images(true);
+            Cluster::up(&[])
+        },
+        plain_gate,
+    );
+    s.phase(
+        "compose_cluster_comes_up_and_heals_from_node_faults",
+        compose_cluster_comes_up_and_heals_from_node_faults,
+    );
+    s.phase(
+        "compose_worker_stops_cleanly_on_docker_stop",
+        compose_worker_stops_cleanly_on_docker_stop,
+    );
+    s.phase(
+        "runtime_env_container_jobs_run_in_sibling_engine_containers",
+        runtime_env_container_jobs_run_in_sibling_engine_containers,
+    );
+    s.finish();
+}
+
+/// Between two phases of a scenario: every node container running again
+/// (a phase may have stopped one: `compose up -d` starts it), three Ray
+/// nodes alive, and no engine container of any node left.
+fn plain_gate(c: &Cluster) -> Result<(), String> {
+    let mut up = vec!["up", "-d", "--no-build"];
+    up.extend(SERVICES);
+    c.compose_run(&up);
+    c.wait_nodes("gate: three nodes alive", Duration::from_secs(240), |n| {
+        n.len() == 3
+    });
+    engines_left(c)
+}
+
+/// Err naming the engine containers (running or not) the nodes' shims made
+/// that are still there.
+fn engines_left(c: &Cluster) -> Result<(), String> {
+    let mut left = Vec::new();
+    for w in SERVICES {
+        let id = c.container(w);
+        let all = run(Command::new("docker").args([
+            "ps",
+            "-a",
+            "--format",
+            "{{.ID}} {{.Image}} {{.Status}}",
+            "--filter",
+            &format!("label=io.argus.shim.owner={id}"),
+        ]));
+        left.extend(all.lines().map(|l| format!("{w}: {l}")));
+    }
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("engine containers left: {left:?}"))
+    }
+}
 
 /// Issue 5 §1 and §2: compose up gives three alive Ray nodes and healthy
 /// containers; the cluster heals from a killed worker raylet, a killed head
 /// Ray, and a replaced head container.
-#[test]
-fn compose_cluster_comes_up_and_heals_from_node_faults() {
-    elapsed_since_start();
-    require_docker();
-    build_images(false);
-    let c = Cluster::up(&[]);
-
+fn compose_cluster_comes_up_and_heals_from_node_faults(c: &Cluster) {
     // 1. three alive Ray nodes, every container healthy.
     let up = Instant::now();
     let nodes = c.wait_nodes("three nodes alive", Duration::from_secs(240), |n| {
@@ -125,12 +194,7 @@ fn compose_cluster_comes_up_and_heals_from_node_faults() {
 
 /// Issue 5 §2, last item: `docker stop` of a worker exits 0 within 10 s and
 /// leaves nothing behind.
-#[test]
-fn compose_worker_stops_cleanly_on_docker_stop() {
-    elapsed_since_start();
-    require_docker();
-    build_images(false);
-    let c = Cluster::up(&[]);
+fn compose_worker_stops_cleanly_on_docker_stop(c: &Cluster) {
     c.wait_nodes("three nodes alive", Duration::from_secs(240), |n| {
         n.len() == 3
     });
@@ -173,12 +237,7 @@ fn compose_worker_stops_cleanly_on_docker_stop() {
 /// sibling engine containers through the podman shim, two engine images at
 /// once, a host model cache readable in the engine, a SIGKILLed Ray worker
 /// takes its engine container with it, and a stopped node leaves none behind.
-#[test]
-fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
-    elapsed_since_start();
-    require_docker();
-    build_images(true);
-    let c = Cluster::up(&[]);
+fn runtime_env_container_jobs_run_in_sibling_engine_containers(c: &Cluster) {
     c.wait_nodes("three nodes alive", Duration::from_secs(240), |n| {
         n.len() == 3
     });
@@ -263,9 +322,9 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
         (Some(42), Some("stub-b"))
     );
 
-    ray_starts_engines_while_a_job_holds_every_podman_place(&c, &engine_image("stub-b"));
+    ray_starts_engines_while_a_job_holds_every_podman_place(c, &engine_image("stub-b"));
 
-    jobs_reach_no_docker_daemon(&c, &engine_image("stub-b"));
+    jobs_reach_no_docker_daemon(c, &engine_image("stub-b"));
 
     // SIGKILL of the Ray worker (the shim process) -> its engine container goes.
     let script = job_script(&engine_image("stub-a"), &cache, mount, "sleep");
@@ -380,7 +439,7 @@ fn runtime_env_container_jobs_run_in_sibling_engine_containers() {
 
     // (stub-b: the sleeping task's job above, whose driver's `docker exec`
     // was killed, not its driver, may still retry its stub-a task.)
-    an_engine_whose_worker_is_never_given_work_is_retired(&c, &engine_image("stub-b"));
+    an_engine_whose_worker_is_never_given_work_is_retired(c, &engine_image("stub-b"));
 
     // A stopped node leaves none of its engine containers behind, running
     // or exited (R-PID-4, R-SHIM-4).
@@ -1036,13 +1095,7 @@ fn redis_reachable_by_the_head_alone(c: &Cluster, head: &str) {
     log("GCS FT Redis: no route from a task, an outsider; NOAUTH for the Ray user on the head; PONG with the password");
 }
 
-#[test]
-fn compose_gcs_ft_detached_actor_rides_through_head_container_restart() {
-    elapsed_since_start();
-    require_docker();
-    build_images(false);
-    build_redis_image();
-    let c = Cluster::up_with(&[], &["docker-compose.gcs-ft.yaml"]);
+fn compose_gcs_ft_detached_actor_rides_through_head_container_restart(c: &Cluster) {
     let nodes = c.wait_nodes("three nodes alive", Duration::from_secs(240), |n| {
         n.len() == 3
     });
@@ -1063,7 +1116,7 @@ fn compose_gcs_ft_detached_actor_rides_through_head_container_restart() {
     ])))
     .expect("the head record as JSON");
     assert_eq!(record["gcs_ft"], true, "the head record: {record}");
-    redis_reachable_by_the_head_alone(&c, &head);
+    redis_reachable_by_the_head_alone(c, &head);
     let head_ip = c.ip("head");
     let workers: Vec<String> = nodes
         .iter()
@@ -1827,11 +1880,60 @@ fn assert_engine_answer(who: &str, r: &Value, version: &str, run_options: bool) 
 
 /// Brings up the GCS FT cluster, deploys both example applications with
 /// `replicas` each and waits until they run in engine containers.
-fn serve_cluster(replicas: u32) -> (Cluster, Vec<String>, Vec<Node>) {
-    require_docker();
-    build_images(true);
-    build_redis_image();
-    let c = Cluster::up_with(&[], &["docker-compose.gcs-ft.yaml"]);
+/// The GCS FT cluster (docker-compose.gcs-ft.yaml: Redis, the head's GCS
+/// restored across its restarts): three checks that were tests of their
+/// own, one cluster (tests/support/scenario.rs).
+#[test]
+fn compose_gcs_ft_cluster_scenario() {
+    elapsed_since_start();
+    let mut s = Scenario::new(
+        "compose_e2e",
+        "compose_gcs_ft_cluster_scenario",
+        &[
+            "serve_replicas_run_in_engine_containers_scale_and_leave_nothing_after_delete_and_shutdown",
+            "serve_replicas_answer_after_head_failover_and_are_reaped_after_delete_and_shutdown",
+            "compose_gcs_ft_detached_actor_rides_through_head_container_restart",
+        ],
+        || {
+            require_docker();
+            build_images(true);
+            build_redis_image();
+            Cluster::up_with(&[], &["docker-compose.gcs-ft.yaml"])
+        },
+        gcs_ft_gate,
+    );
+    s.phase(
+        "serve_replicas_run_in_engine_containers_scale_and_leave_nothing_after_delete_and_shutdown",
+        serve_replicas_run_in_engine_containers_scale_and_leave_nothing_after_delete_and_shutdown,
+    );
+    s.phase(
+        "serve_replicas_answer_after_head_failover_and_are_reaped_after_delete_and_shutdown",
+        serve_replicas_answer_after_head_failover_and_are_reaped_after_delete_and_shutdown,
+    );
+    s.phase(
+        "compose_gcs_ft_detached_actor_rides_through_head_container_restart",
+        compose_gcs_ft_detached_actor_rides_through_head_container_restart,
+    );
+    s.finish();
+}
+
+/// Between two phases of the GCS FT scenario: the plain gate (every node
+/// running, three Ray nodes, no engine container), and no Serve
+/// application, replica process or engine container left.
+fn gcs_ft_gate(c: &Cluster) -> Result<(), String> {
+    plain_gate(c)?;
+    match c.serve_status() {
+        Ok(v) if v["applications"].as_object().is_none_or(|a| a.is_empty()) => {}
+        Ok(v) => return Err(format!("Serve applications left: {v}")),
+        Err(e) => return Err(format!("Serve's status: {e}")),
+    }
+    c.serve_leftovers()
+        .map_or(Ok(()), |l| Err(format!("Serve left: {l}")))
+}
+
+/// Deploys docker/serve/'s two applications with `replicas` each and waits
+/// for them in their engine containers; returns the configs and the nodes.
+fn serve_deployed(c: &Cluster, replicas: u32) -> (Vec<String>, Vec<Node>) {
     let nodes = c.wait_nodes("three nodes alive", Duration::from_secs(240), |n| {
         n.len() == 3
     });
@@ -1848,7 +1950,7 @@ fn serve_cluster(replicas: u32) -> (Cluster, Vec<String>, Vec<Node>) {
         t.elapsed().as_secs_f64()
     ));
     c.wait_replicas(replicas, replicas, Duration::from_secs(120));
-    (c, configs, nodes)
+    (configs, nodes)
 }
 
 impl Cluster {
@@ -1910,10 +2012,10 @@ impl Cluster {
 /// inside the engine image; scaling a deployment up and down adds and
 /// removes engine containers; deleting an application and `serve shutdown`
 /// leave no engine container and no replica process on any node.
-#[test]
-fn serve_replicas_run_in_engine_containers_scale_and_leave_nothing_after_delete_and_shutdown() {
-    elapsed_since_start();
-    let (c, configs, _) = serve_cluster(2);
+fn serve_replicas_run_in_engine_containers_scale_and_leave_nothing_after_delete_and_shutdown(
+    c: &Cluster,
+) {
+    let (configs, _) = serve_deployed(c, 2);
     let (uri, cont) = (SERVE_URI_APP.0, SERVE_CONTAINER_APP.0);
     c.check_serve_answers("deployed");
 
@@ -1966,10 +2068,8 @@ fn serve_replicas_run_in_engine_containers_scale_and_leave_nothing_after_delete_
 /// agents, having ridden the restart through, kill them (their dead-actor
 /// reaper, docker/ray/reap_dead_actors.py every 30 s). The test prints what
 /// they killed and how long it took.
-#[test]
-fn serve_replicas_answer_after_head_failover_and_are_reaped_after_delete_and_shutdown() {
-    elapsed_since_start();
-    let (c, configs, nodes) = serve_cluster(1);
+fn serve_replicas_answer_after_head_failover_and_are_reaped_after_delete_and_shutdown(c: &Cluster) {
+    let (configs, nodes) = serve_deployed(c, 1);
     let (uri, cont) = (SERVE_URI_APP.0, SERVE_CONTAINER_APP.0);
     c.check_serve_answers("deployed");
 

@@ -34,6 +34,14 @@ fn the_last_40_lines_name_each_failed_test_its_failure_line_and_its_log() {
         .expect("nextest.toml has settings before its overrides");
     assert!(general.contains("[profile.default.junit]"));
     std::fs::write(suite.join(".config/nextest.toml"), general).unwrap();
+    // The scenarios' phases, through the same module the cluster tests use.
+    std::fs::create_dir_all(suite.join("tests/support")).unwrap();
+    std::fs::copy(
+        root.join("tests/support/scenario.rs"),
+        suite.join("tests/support/scenario.rs"),
+    )
+    .unwrap();
+    let phases = dir.path().join("phases");
 
     // As scripts/test runs it: the whole run's output, then the report.
     let run = Command::new("cargo")
@@ -41,6 +49,7 @@ fn the_last_40_lines_name_each_failed_test_its_failure_line_and_its_log() {
         .current_dir(&suite)
         .env_remove("CARGO_TARGET_DIR")
         .env_remove("NEXTEST_PROFILE")
+        .env("ARGUS_PHASE_DIR", &phases)
         .output()
         .expect("cargo nextest");
     assert!(
@@ -58,6 +67,8 @@ fn the_last_40_lines_name_each_failed_test_its_failure_line_and_its_log() {
         .arg(&timeline)
         .arg("--logs")
         .arg(&logs)
+        .arg("--phases")
+        .arg(&phases)
         .args([
             "--nextest-status",
             &run.status.code().unwrap_or(1).to_string(),
@@ -87,7 +98,7 @@ fn the_last_40_lines_name_each_failed_test_its_failure_line_and_its_log() {
     let summary = lines.last().unwrap();
     assert_eq!(
         *summary,
-        "scripts/test: passed 1, failed 2, ignored 0 (test binaries failed: 1); fmt ok, clippy ok"
+        "scripts/test: passed 4, failed 4, ignored 0 (test binaries failed: 1); fmt ok, clippy ok"
     );
     for (name, first) in [
         (
@@ -119,4 +130,47 @@ fn the_last_40_lines_name_each_failed_test_its_failure_line_and_its_log() {
         );
     }
     assert!(!tail.contains("FAILED fixture this_one_passes"));
+
+    // A scenario's phases count as tests: the failed one and the one never
+    // reached are named with their own first lines; the passed ones are not.
+    for (name, first, log) in [
+        (
+            "cluster_scenario::heals_from_a_fault",
+            "worker-1 did not rejoin within 240s (tests/fixture.rs:",
+            "cluster_scenario",
+        ),
+        (
+            "cut_short_scenario::never_reached",
+            "not run: the scenario ended before this phase (the scenario stopped before its last phase (tests/fixture.rs:",
+            "cut_short_scenario",
+        ),
+    ] {
+        assert!(
+            tail.contains(&format!("FAILED fixture {name}\n")),
+            "{name} is not named in the last 40 lines:\n{tail}"
+        );
+        assert!(
+            tail.contains(first),
+            "{name}'s failure line is not in the last 40 lines:\n{tail}"
+        );
+        let log = logs.join("fixture").join(format!("{log}.log"));
+        assert!(
+            tail.contains(&format!("log: {}", log.display())),
+            "{name}'s log path is not in the last 40 lines:\n{tail}"
+        );
+    }
+    for passed in [
+        "cluster_scenario::comes_up",
+        "cluster_scenario::stops_cleanly",
+        "cut_short_scenario::first",
+    ] {
+        assert!(
+            !tail.contains(&format!("FAILED fixture {passed}")),
+            "the passed phase {passed} is listed as failed:\n{tail}"
+        );
+    }
+    assert!(
+        !tail.contains("FAILED fixture cluster_scenario\n"),
+        "a scenario whose failures are its phases is not listed again:\n{tail}"
+    );
 }
