@@ -520,6 +520,7 @@ fn sigkill_of_the_shim_twenty_times_leaves_no_container() {
     for mut c in pids {
         c.wait().unwrap();
     }
+    let killed_at = std::time::SystemTime::now();
     // Waits for the condition; the time is the figure (printed).
     let t = Instant::now();
     let mut left = containers_with(&label);
@@ -527,11 +528,32 @@ fn sigkill_of_the_shim_twenty_times_leaves_no_container() {
         std::thread::sleep(Duration::from_millis(200));
         left = containers_with(&label);
     }
+    // When each leftover was created and what it is: a create that came
+    // back after the watchdog's 30 s of sweeps, or a removal that failed.
+    let what: Vec<String> = left
+        .iter()
+        .map(|id| {
+            let o = std::process::Command::new("docker")
+                .args([
+                    "inspect",
+                    "-f",
+                    "created {{.Created}} status {{.State.Status}} started {{.State.StartedAt}} labels {{json .Config.Labels}}",
+                    id,
+                ])
+                .output()
+                .unwrap();
+            format!("{id}: {}", String::from_utf8_lossy(&o.stdout).trim())
+        })
+        .collect();
     force_remove(&left);
     assert!(
         left.is_empty(),
-        "{} container(s) left 60 s after SIGKILL of their shims: {left:?}",
-        left.len()
+        "{} container(s) left 60 s after SIGKILL of their shims (the last SIGKILL at {} s since the epoch): {what:?}",
+        left.len(),
+        killed_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
     );
     eprintln!(
         "containers of 20 SIGKILLed shims removed after {:?}",
