@@ -100,49 +100,34 @@ fn the_last_40_lines_name_each_failed_test_its_failure_line_and_its_log() {
         *summary,
         "scripts/test: passed 4, failed 4, ignored 0 (test binaries failed: 1); fmt ok, clippy ok"
     );
-    for (name, first) in [
+    // Each failed test, and each failed or never-reached phase of a
+    // scenario (counted as tests), is named with its own first line and
+    // the log that holds its test's whole output.
+    let whole = Some("a log line of a cluster that is not the failure (299)");
+    for (name, first, log, holds) in [
         (
             "nodes_come_back_after_a_head_kill",
             "assertion `left == right` failed: all 3 nodes alive after the head's kill (tests/fixture.rs:",
+            "nodes_come_back_after_a_head_kill",
+            whole,
         ),
         (
             "soak_keeps_every_invariant",
             "6 worker_stop_start BROKEN: nodes: worker-1 not alive (tests/fixture.rs:",
+            "soak_keeps_every_invariant",
+            whole,
         ),
-    ] {
-        assert!(
-            tail.contains(&format!("FAILED fixture {name}")),
-            "{name} is not named in the last 40 lines:\n{tail}"
-        );
-        assert!(
-            tail.contains(first),
-            "{name}'s failure line is not in the last 40 lines:\n{tail}"
-        );
-        let log = logs.join("fixture").join(format!("{name}.log"));
-        assert!(
-            tail.contains(&format!("log: {}", log.display())),
-            "{name}'s log path is not in the last 40 lines:\n{tail}"
-        );
-        let text = std::fs::read_to_string(&log).unwrap();
-        assert!(
-            text.contains("a log line of a cluster that is not the failure (299)"),
-            "{log:?} does not hold the test's whole output"
-        );
-    }
-    assert!(!tail.contains("FAILED fixture this_one_passes"));
-
-    // A scenario's phases count as tests: the failed one and the one never
-    // reached are named with their own first lines; the passed ones are not.
-    for (name, first, log) in [
         (
             "cluster_scenario::heals_from_a_fault",
             "worker-1 did not rejoin within 240s (tests/fixture.rs:",
             "cluster_scenario",
+            whole,
         ),
         (
             "cut_short_scenario::never_reached",
             "not run: the scenario ended before this phase (the scenario stopped before its last phase (tests/fixture.rs:",
             "cut_short_scenario",
+            None,
         ),
     ] {
         assert!(
@@ -158,7 +143,15 @@ fn the_last_40_lines_name_each_failed_test_its_failure_line_and_its_log() {
             tail.contains(&format!("log: {}", log.display())),
             "{name}'s log path is not in the last 40 lines:\n{tail}"
         );
+        if let Some(line) = holds {
+            let text = std::fs::read_to_string(&log).unwrap();
+            assert!(
+                text.contains(line),
+                "{log:?} does not hold the test's whole output"
+            );
+        }
     }
+    assert!(!tail.contains("FAILED fixture this_one_passes"));
     for passed in [
         "cluster_scenario::comes_up",
         "cluster_scenario::stops_cleanly",
