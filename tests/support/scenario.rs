@@ -77,7 +77,7 @@ pub struct Scenario<C> {
     make: Make<C>,
     gate: Gate<C>,
     cluster: Option<C>,
-    /// The phase that last ran on `cluster` (none: it is new).
+    /// A phase has run on `cluster` since it was brought up or last gated.
     used: bool,
     failed: Vec<String>,
     file: Option<PathBuf>,
