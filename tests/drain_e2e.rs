@@ -578,6 +578,77 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
     );
 }
 
+/// The lb's view of each worker's proxy (`serve_workers` in HAProxy's
+/// stats CSV on port 8404, read over the compose network): server name ->
+/// status (`UP`, `DOWN`, `DRAIN` when its agent said drain, `UP 1/2` while
+/// going down, `DOWN 1/2` while coming up, `MAINT`, `no check`).
+fn lb_servers(c: &Cluster) -> Result<BTreeMap<String, String>, String> {
+    use std::io::{Read, Write};
+    let ip: std::net::IpAddr = c
+        .ip("lb")
+        .parse()
+        .map_err(|e| format!("the lb's address: {e}"))?;
+    let mut t = std::net::TcpStream::connect_timeout(&(ip, 8404).into(), Duration::from_secs(2))
+        .map_err(|e| format!("the lb's stats port: {e}"))?;
+    t.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        t,
+        "GET /stats;csv HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("the lb's stats: {e}"))?;
+    let mut text = String::new();
+    t.read_to_string(&mut text)
+        .map_err(|e| format!("the lb's stats: {e}"))?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let mut lines = body.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or("")
+        .trim_start_matches("# ")
+        .split(',')
+        .collect();
+    let col = |name: &str| header.iter().position(|h| *h == name);
+    let (Some(px), Some(sv), Some(st)) = (col("pxname"), col("svname"), col("status")) else {
+        return Err(format!("not HAProxy's stats CSV: {:.200}", text));
+    };
+    Ok(lines
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|f| f.get(px) == Some(&"serve_workers"))
+        .filter_map(|f| Some((f.get(sv)?.to_string(), f.get(st)?.to_string())))
+        .collect())
+}
+
+/// Waits until the lb sends requests to both workers' proxies (each `UP`
+/// in its health and agent checks): Serve's placement says where replicas
+/// run, not that a worker's proxy is back in the lb's rotation. After a
+/// scale-back a worker whose proxy Serve had removed holds replicas again
+/// seconds before Serve's new proxy there answers and the lb's checks rise
+/// it (CI: worker-2 killed 2 s after the spread, and every request got 503
+/// "No server is available" for as long as worker-1 was not up).
+fn wait_lb_routes_to_both(c: &Cluster, what: &str) -> String {
+    let t = Instant::now();
+    loop {
+        let servers = lb_servers(c);
+        if let Ok(s) = &servers {
+            if ["worker-1", "worker-2"]
+                .iter()
+                .all(|w| s.get(*w).map(String::as_str) == Some("UP"))
+            {
+                return format!(
+                    "the lb routes to both workers after {:.1} s",
+                    t.elapsed().as_secs_f64()
+                );
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "{what}: the lb does not route to both workers 120 s after Serve spread the replicas: {servers:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 /// `docker kill` of `svc`, then `docker start` once the clients answered
 /// 20 more, and waits for its new Ray node (the killed node stays ALIVE in
 /// the GCS until its health checks fail: back means that node gone and a
@@ -631,7 +702,8 @@ fn wait_spread(c: &Cluster, what: &str) -> String {
         let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
         let v: Value = serde_json::from_str(&stdout).unwrap_or(Value::Null);
         if v["spread"] == Value::Bool(true) {
-            return format!("replicas per node: {}", v["deployments"]);
+            let lb = wait_lb_routes_to_both(c, what);
+            return format!("replicas per node: {}; {lb}", v["deployments"]);
         }
         assert!(
             Instant::now() < deadline,
