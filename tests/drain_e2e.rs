@@ -600,7 +600,16 @@ fn lb_servers(c: &Cluster) -> Result<BTreeMap<String, String>, String> {
     let mut text = String::new();
     t.read_to_string(&mut text)
         .map_err(|e| format!("the lb's stats: {e}"))?;
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let (head, raw) = text.split_once("\r\n\r\n").unwrap_or(("", ""));
+    // HAProxy sends its stats page chunked, whatever the request's version.
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(raw)
+    } else {
+        raw.to_string()
+    };
     let mut lines = body.lines();
     let header: Vec<&str> = lines
         .next()
@@ -617,6 +626,24 @@ fn lb_servers(c: &Cluster) -> Result<BTreeMap<String, String>, String> {
         .filter(|f| f.get(px) == Some(&"serve_workers"))
         .filter_map(|f| Some((f.get(sv)?.to_string(), f.get(st)?.to_string())))
         .collect())
+}
+
+/// An HTTP/1.1 chunked body's data (hex size line, data, CRLF; a 0 size
+/// ends it).
+fn dechunk(mut raw: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = raw.split_once("\r\n") {
+        let n = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
+        let (Some(data), Some(next)) = (rest.get(..n), rest.get(n..)) else {
+            break;
+        };
+        if n == 0 {
+            break;
+        }
+        out.push_str(data);
+        raw = next.strip_prefix("\r\n").unwrap_or(next);
+    }
+    out
 }
 
 /// Waits until the lb sends requests to both workers' proxies (each `UP`
