@@ -7,7 +7,8 @@
 //! - steady: the baseline;
 //! - crash: `docker kill` of a worker, then `docker start`: only requests in
 //!   flight on it may fail, with a status a client can retry (while the
-//!   replicas are spread over both workers: a node holding every replica
+//!   replicas are spread over both workers and the lb routes to both: a
+//!   node holding every replica, or the only proxy in the lb's rotation,
 //!   takes the endpoint down with it, drain or not);
 //! - stop+start worker-1, then worker-2: `docker stop` (the agent drains:
 //!   Serve's replicas move to the other worker first), `docker start` (the
