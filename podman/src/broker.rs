@@ -895,9 +895,12 @@ mod tests {
         // this process listens on; then the listener is gone.
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
+        // The shell waits in its own `read` (no child of its own that would
+        // outlive the kill and hold the test's output open).
         let mut raylet = std::process::Command::new("sh")
-            .args(["-c", "sleep 60", "raylet"])
+            .args(["-c", "read -r _", "raylet"])
             .arg(format!("--runtime_env_agent_port={port}"))
+            .stdin(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         let r = raylet.id() as i32;
