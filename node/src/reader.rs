@@ -84,17 +84,24 @@ impl RecordReader {
                     let started = Instant::now();
                     *busy.lock().unwrap_or_else(PoisonError::into_inner) = Some(started);
                     let read = record.read();
-                    *busy.lock().unwrap_or_else(PoisonError::into_inner) = None;
-                    next = Instant::now() + every;
+                    // The folder's stat and the watch's setup touch the
+                    // storage too: a hang there is a hung read as well (a
+                    // run beside a busy loop froze the mount between the
+                    // read and the stat, and the loop never saw it).
+                    let mut watched = None;
                     if !watch_tried && path.parent().is_some_and(|d| d.is_dir()) {
                         watch_tried = true;
-                        let state = match DirWatch::start(&path) {
+                        watched = Some(match DirWatch::start(&path) {
                             Ok(w) => {
                                 watch = Some(w);
                                 WatchState::Active
                             }
                             Err(e) => WatchState::Degraded(e.to_string()),
-                        };
+                        });
+                    }
+                    *busy.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                    next = Instant::now() + every;
+                    if let Some(state) = watched {
                         if events.send(Event::FileEvents(state)).is_err() {
                             return;
                         }
