@@ -456,8 +456,29 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
         );
         std::thread::sleep(Duration::from_secs(1));
     }
+    let removed_after = t.elapsed();
+    // The removal must end the proxy's process. Both workers rode the
+    // head's restart (the roll's last step) through, and Ray 2.53's restarted
+    // GCS kills nothing on a `ray.kill` of an actor started before it
+    // (ray-project/ray#63763; the agent's reaper catches such workers only
+    // every 30 s): the old proxy then kept listening beside the next one on
+    // the node's port (SO_REUSEPORT), and in the scale-back below every
+    // request it took failed with a 500 (docker/ray/patch_serve.py, 4).
+    let t = Instant::now();
+    let mut left = proxy_pids(&c, empty);
+    while !left.is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "{empty}'s removed Serve proxy still runs 15 s after Serve removed it (pids {left:?}): \
+             its kill was not delivered"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+        left = proxy_pids(&c, empty);
+    }
     log(&format!(
-        "{empty} held no replica: its agent told the lb drain, Serve removed its proxy {:.1} s later",
+        "{empty} held no replica: its agent told the lb drain, Serve removed its proxy {:.1} s later, \
+         and its process was gone {:.1} s after that",
+        removed_after.as_secs_f64(),
         t.elapsed().as_secs_f64()
     ));
     wait_answers(&work, 10, Duration::from_secs(120));
@@ -889,6 +910,27 @@ fn wait_engines_of(c: &Cluster, new: &str, old: &str) {
 
 /// How many drained proxies Serve's controller has removed in this Ray
 /// session of the head (its log line, Ray 2.53's proxy_state.py).
+/// The pids (on the host) of the Serve proxy processes in `svc`'s
+/// container, from `docker top` (Ray titles the process `ray::ProxyActor`).
+fn proxy_pids(c: &Cluster, svc: &str) -> Vec<String> {
+    let out = output(Command::new("docker").args(["top", &c.container(svc), "-eo", "pid,args"]));
+    assert!(
+        out.status.success(),
+        "docker top {svc}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let (pid, args) = l.trim().split_once(char::is_whitespace)?;
+            args.trim_start()
+                .starts_with("ray::ProxyActor")
+                .then(|| pid.to_string())
+        })
+        .collect()
+}
+
 fn removed_proxies(c: &Cluster) -> usize {
     let out = output(Command::new("docker").args([
         "exec",

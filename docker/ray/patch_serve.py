@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Patches Ray 2.53's Serve controller: drained nodes seen, and start-first
-upgrades. Applied to the installed Ray at the node image's build
+"""Patches Ray 2.53's Serve controller: drained nodes seen, proxies killed
+after a GCS restart, and start-first upgrades. Applied to the installed Ray at the node image's build
 (Dockerfile.node; the controller runs on the head), then tested there
 (``--test``).
 
@@ -21,6 +21,20 @@ Draining (docs/serve.md "Taking a node out"):
    keeps the proxy of a node that still holds replicas (Serve's own
    ``get_active_node_ids`` counts replicas pending migration); once they
    are gone, the proxy drains and stops as upstream's does.
+
+A proxy's kill after a GCS restart:
+4. A GCS restarted with fault tolerance (the head's container restarted
+   with Redis) restores the actors that were alive but not the raylet each
+   runs on, so a later ``ray.kill`` marks the actor DEAD and kills nothing
+   (ray-project/ray#63763, fixed after 2.53 by PR #63764; the node agent's
+   reaper kills such workers within 30 s). For a proxy that is not enough:
+   the old process keeps listening on the node's HTTP port, which Serve
+   binds with SO_REUSEPORT, so when Serve starts a new proxy on that node
+   (replicas placed there again) the two share the port, and every request
+   the old one takes fails with a 500 (its replica reads the body by
+   calling back the proxy of that name: the new one, which does not know
+   the request). This patch has the controller's kill also call the proxy's
+   own exit, over the actor's direct channel, before ``ray.kill``.
 
 Start-first upgrades (docs/serve.md "Upgrading an endpoint"):
 3. A change that restarts replicas (engine image, code, args, actor options)
@@ -485,6 +499,50 @@ class DeploymentScheduler(ABC):
             % MARK,
         ),
     ],
+    "serve/_private/proxy.py": [
+        (
+            """    def pong(self):
+        \"\"\"Called by the replica to initialize its handle to the proxy.\"\"\"
+        pass
+""",
+            """    def pong(self):
+        \"\"\"Called by the replica to initialize its handle to the proxy.\"\"\"
+        pass
+
+    def argus_exit(self):
+        \"\"\"%s: the controller's kill, delivered by the proxy itself
+        (ray-project/ray#63763: after a GCS restart, ``ray.kill`` of an actor
+        the GCS restored never reaches its node).\"\"\"
+        os._exit(0)
+"""
+            % MARK,
+        ),
+    ],
+    "serve/_private/proxy_state.py": [
+        (
+            """    def kill(self):
+        \"\"\"Kill the proxy actor.\"\"\"
+        ray.kill(self._actor_handle, no_restart=True)
+""",
+            """    def kill(self):
+        \"\"\"Kill the proxy actor.\"\"\"
+        %s (ray-project/ray#63763): a GCS restarted with fault
+        # tolerance no longer knows the node of a proxy started before the
+        # restart, so its ray.kill marks the proxy DEAD and frees its name but
+        # kills nothing; the old process keeps listening on the node's HTTP
+        # port beside the next proxy there (SO_REUSEPORT), and the requests it
+        # takes fail: their replicas call back the proxy of that name, the new
+        # one, which does not know them. The exit call goes to the proxy
+        # directly, not through the GCS.
+        try:
+            self._actor_handle.argus_exit.remote()
+        except Exception:
+            pass
+        ray.kill(self._actor_handle, no_restart=True)
+"""
+            % MARK,
+        ),
+    ],
 }
 
 
@@ -559,6 +617,46 @@ def test():
           "while it holds replicas")
     test_start_first()
     test_spread()
+    test_proxy_kill()
+
+
+def test_proxy_kill():
+    """The controller's kill of a proxy asks the proxy to exit first, over
+    the actor's own channel, then kills it through the GCS; a handle that
+    cannot take the call (an older proxy) is still killed."""
+    import ray
+    from ray.serve._private import proxy_state
+    from ray.serve._private.proxy import ProxyActor
+
+    assert callable(getattr(ProxyActor, "argus_exit", None)), "the proxy's exit not patched in"
+    calls = []
+
+    class Method:
+        def __init__(self, name):
+            self.name = name
+
+        def remote(self, *args):
+            calls.append(self.name)
+
+    class Handle:
+        argus_exit = Method("argus_exit")
+
+    class OldHandle:
+        @property
+        def argus_exit(self):
+            raise AttributeError("argus_exit")
+
+    saved = ray.kill
+    ray.kill = lambda h, no_restart=True: calls.append(("ray.kill", type(h).__name__, no_restart))
+    try:
+        for handle in (Handle(), OldHandle()):
+            w = proxy_state.ActorProxyWrapper.__new__(proxy_state.ActorProxyWrapper)
+            w._actor_handle = handle
+            w.kill()
+    finally:
+        ray.kill = saved
+    assert calls == ["argus_exit", ("ray.kill", "Handle", True), ("ray.kill", "OldHandle", True)], calls
+    print("patch_serve: a proxy's kill reaches the proxy itself, then the GCS")
 
 
 def roll(ds, target, old, starts=True, steps=60):
