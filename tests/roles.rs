@@ -178,10 +178,17 @@ fn standby_head_takes_over_only_after_the_first_stops() {
 
 /// Kills an agent and its fake Ray with SIGKILL: no withdraw, no cleanup,
 /// as when a container is killed or the machine dies.
+///
+/// Returns once every killed process is gone (dead, or a zombie: its
+/// sockets closed), as a container's restart does: SIGKILL is delivered
+/// asynchronously, and on a loaded machine the fake Ray still held its port
+/// when the next agent checked it, which then refused to start ("port ...
+/// already in use").
 fn kill_hard(sb: &Sandbox, a: &mut Agent) {
     unsafe { libc::kill(-a.pid(), libc::SIGKILL) };
     let _ = a.child.wait();
     a.exit = a.child.try_wait().ok().flatten();
+    let mut killed = Vec::new();
     for ev in sb.ray_events(&a.name) {
         let pids = ev["pids"].as_array().cloned().unwrap_or_default();
         for p in ev["pid"]
@@ -190,7 +197,16 @@ fn kill_hard(sb: &Sandbox, a: &mut Agent) {
             .chain(pids.iter().filter_map(|p| p.as_i64()))
         {
             unsafe { libc::kill(p as i32, libc::SIGKILL) };
+            killed.push(p);
         }
+    }
+    let t = Instant::now();
+    while let Some(p) = killed.iter().find(|p| alive(**p)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "pid {p} still runs 30 s after SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
