@@ -464,6 +464,7 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
     // every 30 s): the old proxy then kept listening beside the next one on
     // the node's port (SO_REUSEPORT), and in the scale-back below every
     // request it took failed with a 500 (docker/ray/patch_serve.py, 4).
+    // Bounded here; how it ended is checked after the scale-back.
     let t = Instant::now();
     let mut left = proxy_pids(&c, empty);
     while !left.is_empty() {
@@ -499,6 +500,24 @@ fn stops_restarts_and_a_rolling_replacement_lose_no_request_and_a_crash_only_its
         std::thread::sleep(Duration::from_secs(1));
     }
     wait_answers(&work, 10, Duration::from_secs(120));
+    // And it ended by its own exit, not by the agent's reaper (which kills,
+    // every 30 s, the workers of actors the GCS holds dead but never
+    // killed, and logs their class): without the patch the reaper killed
+    // it 13.5 s after its removal in a run where the 15 s bound above held.
+    let out = output(Command::new("docker").args(["logs", "--since", &since, &c.container(empty)]));
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let reaped: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.contains("killed workers of actors the gcs holds dead") && l.contains("ProxyActor")
+        })
+        .collect();
+    assert!(
+        reaped.is_empty(),
+        "{empty}'s removed Serve proxy did not exit when Serve killed it; the reaper killed it later:\n{}",
+        reaped.join("\n")
+    );
 
     // A crash after the roll and the upgrade: with the replicas spread
     // again, only what was in flight on the killed worker fails.
