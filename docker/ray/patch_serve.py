@@ -146,6 +146,15 @@ def _argus_stop_budget(target, new_running, old_serving):
     return max(0, new_running + old_serving - target)
 
 
+def _argus_spread_backoff(fails):
+    \"\"\"Seconds to wait before the next spread move after `fails` moves in a
+    row that did not move anything (the new replica landed on the crowded
+    node, or did not start): short at first (a node just back is often not
+    yet in Ray's view of free resources), doubling to at most 5 minutes
+    (each try may cost a cold start).\"\"\"
+    return min(15 * 2 ** min(fails, 5), 300)
+
+
 def _argus_spread_source(counts, fits):
     \"\"\"The node to move one replica away from, or None: the node holding
     most of a deployment's replicas (`counts`: node -> replicas), when a node
@@ -331,7 +340,14 @@ class ReplicaStateContainer:
                 )
                 victim = new
             elif new.actor_node_id == move["src"]:
-                # Ray spilled it back onto the crowded node: undo, later.
+                # Ray spilled it back onto the crowded node (the target's
+                # room was not there after all, or not yet in Ray's view of
+                # a node that just came back): undo, and try again later.
+                logger.warning(
+                    f"argus: spreading {self._id}: the new replica {new.replica_id} "
+                    f"runs on the crowded node {move['src']} (Ray placed it there); "
+                    "stopping it."
+                )
                 victim = new
             else:
                 victim = next(
@@ -344,8 +360,13 @@ class ReplicaStateContainer:
                     f"argus: spreading {self._id}: {new.replica_id} runs on node "
                     f"{new.actor_node_id}; stopping {victim.replica_id} on {move['src']}."
                 )
+                self._argus_spread_fails = 0
             else:
-                self._argus_spread_after = now + 120
+                fails = getattr(self, "_argus_spread_fails", 0)
+                self._argus_spread_fails = fails + 1
+                wait = _argus_spread_backoff(fails)
+                self._argus_spread_after = now + wait
+                logger.info(f"argus: spreading {self._id}: next try in {wait} s.")
             if victim is not None:
                 state = victim.actor_details.state
                 for r in self._replicas.pop(states=[state]):
@@ -738,6 +759,8 @@ def test_spread():
     assert ds._argus_spread_source({"a": 3, "b": 2}, ["a", "b"]) is None, "moves that even nothing"
     assert ds._argus_spread_source({"a": 4}, ["a"]) is None, "no other node has room (a GPU each)"
     assert ds._argus_spread_source({}, ["a"]) is None
+    assert [ds._argus_spread_backoff(f) for f in range(7)] == [15, 30, 60, 120, 240, 300, 300]
+    assert ds._argus_spread_backoff(10**6) == 300
     assert sc._argus_fewest({"a": 3, "b": 1}, ["a", "b"]) == "b"
     assert sc._argus_fewest({"a": 3}, ["a", "c"]) == "c", "an empty node with room first"
     assert sc._argus_fewest({"a": 1}, []) is None
