@@ -927,8 +927,6 @@ fn wait_engines_of(c: &Cluster, new: &str, old: &str) {
     }
 }
 
-/// How many drained proxies Serve's controller has removed in this Ray
-/// session of the head (its log line, Ray 2.53's proxy_state.py).
 /// The pids (on the host) of the Serve proxy processes in `svc`'s
 /// container, from `docker top` (Ray titles the process `ray::ProxyActor`).
 fn proxy_pids(c: &Cluster, svc: &str) -> Vec<String> {
@@ -950,6 +948,8 @@ fn proxy_pids(c: &Cluster, svc: &str) -> Vec<String> {
         .collect()
 }
 
+/// How many drained proxies Serve's controller has removed in this Ray
+/// session of the head (its log line, Ray 2.53's proxy_state.py).
 fn removed_proxies(c: &Cluster) -> usize {
     let out = output(Command::new("docker").args([
         "exec",
