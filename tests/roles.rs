@@ -10,6 +10,13 @@ use argus_discovery::{publish, HeadRecord, HeadState};
 use support::fakehead::{record, FakeHead};
 use support::{alive, Agent, Sandbox};
 
+/// The bound of a wait for an agent and its fake Ray to start (a Python
+/// process that opens its ports): what these tests check comes after it,
+/// and in a run beside two clusters and a one-core busy loop (run queue
+/// about 20) the fake Ray of a head took more than 10 s to open its GCS
+/// port. The waits that check the agent's own timing keep their bounds.
+const START: Duration = Duration::from_secs(30);
+
 fn addresses(sb: &Sandbox, name: &str) -> Vec<String> {
     sb.ray_starts(name)
         .iter()
@@ -28,16 +35,14 @@ fn head_publishes_only_once_gcs_accepts_then_refreshes() {
     let mut env = sb.env("h", "head");
     env.insert("FAKE_RAY_LISTEN_AFTER".into(), "1.5".into());
     let mut a = Agent::start(&sb, "h", &env);
-    a.wait_for("ray start", Duration::from_secs(10), |_| {
-        !sb.ray_starts("h").is_empty()
-    });
+    a.wait_for("ray start", START, |_| !sb.ray_starts("h").is_empty());
     std::thread::sleep(Duration::from_millis(800));
     assert!(
         sb.record().is_none(),
         "published before the GCS port accepted: {:?}",
         sb.record()
     );
-    a.wait_for("record", Duration::from_secs(10), |_| sb.record().is_some());
+    a.wait_for("record", START, |_| sb.record().is_some());
     let r1 = HeadRecord::parse(&std::fs::read(sb.head_file()).unwrap()).unwrap();
     assert_eq!(r1.state, HeadState::Running);
     assert_eq!(r1.head_ip, "127.0.0.1");
@@ -93,7 +98,7 @@ fn a_head_removes_the_temp_files_an_earlier_head_left_mid_publish() {
         .unwrap();
     let env = sb.env("h", "head");
     let mut a = Agent::start(&sb, "h", &env);
-    a.wait_for("record", Duration::from_secs(10), |_| sb.record().is_some());
+    a.wait_for("record", START, |_| sb.record().is_some());
     a.wait_for("old temp file removed", Duration::from_secs(10), |_| {
         !old.exists()
     });
@@ -114,7 +119,7 @@ fn a_head_removes_the_temp_files_an_earlier_head_left_mid_publish() {
 fn head_withdraws_at_once_when_ray_dies_and_republishes_a_new_instance() {
     let sb = Sandbox::new();
     let mut a = Agent::start(&sb, "h", &sb.env("h", "head"));
-    a.wait_for("record", Duration::from_secs(10), |_| sb.record().is_some());
+    a.wait_for("record", START, |_| sb.record().is_some());
     let first = sb.record().unwrap();
     let ray_pid = sb.ray_starts("h")[0]["pid"].as_i64().unwrap();
     let t0 = Instant::now();
@@ -142,15 +147,11 @@ fn head_withdraws_at_once_when_ray_dies_and_republishes_a_new_instance() {
 fn standby_head_takes_over_only_after_the_first_stops() {
     let sb = Sandbox::new();
     let mut a = Agent::start(&sb, "a", &sb.env("a", "head"));
-    a.wait_for("head a publishes", Duration::from_secs(10), |_| {
-        sb.record().is_some()
-    });
+    a.wait_for("head a publishes", START, |_| sb.record().is_some());
     let mut env_b = sb.env("b", "head");
     env_b.insert("ARGUS_NODE_IP".into(), "127.0.0.2".into());
     let mut b = Agent::start(&sb, "b", &env_b);
-    b.wait_for("standby", Duration::from_secs(10), |b| {
-        b.state() == "standby"
-    });
+    b.wait_for("standby", START, |b| b.state() == "standby");
     // Longer than the TTL (3 s): a live head keeps the standby waiting.
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(b.state(), "standby", "{}", b.log());
@@ -632,9 +633,7 @@ fn worker_waits_with_a_reason_and_restarts_ray_when_it_exits() {
 fn head_steps_down_when_a_higher_generation_takes_over() {
     let sb = Sandbox::new();
     let mut a = Agent::start(&sb, "a", &sb.env("a", "head"));
-    a.wait_for("publishes", Duration::from_secs(10), |_| {
-        sb.record().is_some()
-    });
+    a.wait_for("publishes", START, |_| sb.record().is_some());
     let ray_pid = sb.ray_starts("a")[0]["pid"].as_i64().unwrap();
     // Another head claims generation 2 and publishes.
     let epochs = sb.shared().join("ray/discovery/argus-ray/epochs");
