@@ -41,10 +41,11 @@ SUITE=bookworm
 PACKAGES=python3,python3-venv,python3-pip,ca-certificates,procps,iproute2,libstdc++6,tzdata,sudo
 CONSTRAINTS=docker/ray/constraints-${RAY_VERSION}.txt
 
-log() { printf 'build-base-image: %s\n' "$*" >&2; }
+start=$(date +%s)
+# Each line carries the seconds since the start, so the log says where the time went.
+log() { printf 'build-base-image: +%ss %s\n' "$(( $(date +%s) - start ))" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-start=$(date +%s)
 command -v docker >/dev/null || die "docker CLI not found"
 docker info >/dev/null 2>&1 || die "Docker daemon not reachable (is /var/run/docker.sock there and yours?)"
 

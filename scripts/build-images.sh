@@ -20,8 +20,8 @@
 #                   `cargo build --release -p argus-agent` unless --no-cargo)
 #                   instead of compiling the agent in a Rust image
 #   --agent-binary P  with --prebuilt: the binary at P (a path inside this
-#                   checkout, let through by .dockerignore: target/release/
-#                   or target/e2e/argus-agent); implies --no-cargo
+#                   checkout, let through by .dockerignore: target/release/,
+#                   target/cluster/ or target/e2e/argus-agent); implies --no-cargo
 #   --local-base    BASE_IMAGE=argus/ray-base:2.53.0-py311, made by
 #                   scripts/build-base-image.sh when missing (no registry
 #                   needed); otherwise rayproject/ray:2.53.0-py311
