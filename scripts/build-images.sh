@@ -37,7 +37,9 @@
 #   copies, the build arguments and the base image's ID); when it matches,
 #   nothing is built (FORCE=1 builds anyway). Engine builds of one checkout
 #   run one at a time (a lock in target/engine-build/).
-# Environment: BASE_IMAGE, RAY_VERSION (2.53.0), ARGUS_VERSION (dev),
+# Environment: BASE_IMAGE, SERVICE_BASE_IMAGE (the Redis, lb and Prometheus
+# images' base: argus/debian-base:bookworm with the local Ray base, else
+# BASE_IMAGE), RAY_VERSION (2.53.0), ARGUS_VERSION (dev),
 # VLLM_VERSION, TORCH_VERSION (the torch lock: 2.9.1 for the CPU flavour,
 # 2.9.0 for the GPU one, which vLLM 0.11.2 and 0.12.0 pin), FORCE, DOCKER_BUILDKIT (0 when the buildx plugin is missing).
 # Prints the tags it built, one a line, on stdout.
@@ -48,6 +50,7 @@ RAY_VERSION=${RAY_VERSION:-2.53.0}
 ARGUS_VERSION=${ARGUS_VERSION:-dev}
 VLLM_VERSION=${VLLM_VERSION:-0.12.0}
 LOCAL_BASE_TAG=argus/ray-base:${RAY_VERSION}-py311
+LOCAL_DEBIAN_TAG=argus/debian-base:bookworm
 OFFICIAL_BASE=rayproject/ray:${RAY_VERSION}-py311
 
 log() { printf 'build-images: %s\n' "$*" >&2; }
@@ -171,11 +174,24 @@ if [ $build_engine = 1 ]; then
   echo "$tag"
 fi
 
-# build_on_base NAME DOCKERFILE: an image of Debian's packages on BASE_IMAGE
-# (the Redis, the load balancer, Prometheus), tagged argus/argus-NAME:$ARGUS_VERSION.
+# The Redis, lb and Prometheus images need only Debian's packages and
+# python3: on the local Ray base they are built on the bare Debian root file
+# system it was made from (scripts/build-base-image.sh), whose Docker steps
+# cost a tenth (each step here walks the image's files). SERVICE_BASE_IMAGE
+# chooses another.
+if [ -z "${SERVICE_BASE_IMAGE:-}" ]; then
+  SERVICE_BASE_IMAGE=$BASE_IMAGE
+  if [ "$BASE_IMAGE" = "$LOCAL_BASE_TAG" ] && docker image inspect "$LOCAL_DEBIAN_TAG" >/dev/null 2>&1; then
+    SERVICE_BASE_IMAGE=$LOCAL_DEBIAN_TAG
+  fi
+fi
+
+# build_on_base NAME DOCKERFILE: an image of Debian's packages on
+# SERVICE_BASE_IMAGE (the Redis, the load balancer, Prometheus), tagged
+# argus/argus-NAME:$ARGUS_VERSION.
 build_on_base() {
   local tag=argus/argus-$1:$ARGUS_VERSION
-  local args=(-f "$2" -t "$tag" --build-arg "BASE_IMAGE=$BASE_IMAGE")
+  local args=(-f "$2" -t "$tag" --build-arg "BASE_IMAGE=$SERVICE_BASE_IMAGE")
   log "docker build ${args[*]} ."
   docker build "${args[@]}" . >&2
   echo "$tag"

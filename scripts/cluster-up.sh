@@ -142,6 +142,10 @@ if [ $build = 1 ]; then
   export ARGUS_BASE_IMAGE
   # The node image's layers below the agent binary, while cargo still runs.
   step node-common env BASE_IMAGE="$ARGUS_BASE_IMAGE" scripts/build-images.sh node-common
+  # The Redis, lb and Prometheus images (with the local base: on the bare
+  # Debian image that scripts/build-base-image.sh also imports), beside
+  # node-common. Started beside pip instead, they slowed the base more than
+  # they gained (docs/images.md).
   if [ "$gcs_ft" = 1 ]; then
     step redis env BASE_IMAGE="$ARGUS_BASE_IMAGE" ARGUS_VERSION="${ARGUS_REDIS_IMAGE##*:}" scripts/build-images.sh redis
   fi
