@@ -97,8 +97,21 @@ fn a_stopped_worker_moves_serve_away_before_the_lb_and_stops_once_nothing_is_lef
     assert_eq!(d.lb(), "ready\n");
     d.report(2, false);
     let t0 = Instant::now();
+    let sent = day_seconds(std::time::SystemTime::now());
     w.signal(libc::SIGTERM);
     w.wait_for("draining", WAIT, |a| a.state() == "draining");
+    // The drain starts on the signal itself, not on a later tick (issue
+    // 41: no periodic duty of an idle agent may stand between a SIGTERM
+    // and its drain): within a second, by the agent's own log clock.
+    let log = w.log();
+    let began = log_time(&log, "draining first").expect("no 'draining first' in the log");
+    // Across midnight the time of day wraps.
+    let gap = (began - sent + 86_400.0 + 43_200.0) % 86_400.0 - 43_200.0;
+    eprintln!("SIGTERM to the drain's start: {gap:.3} s");
+    assert!(
+        (-0.01..1.0).contains(&gap),
+        "the drain started {gap:.3} s after SIGTERM (at most 1 s):\n{log}"
+    );
     // The agent says `draining` before its helper has started: wait for the
     // helper's record of its arguments.
     let args_file = d.sb.path().join("drain-args");
@@ -281,6 +294,16 @@ fn ray_stops_as_soon_as_the_drain_ends() {
         (0.0..5.0).contains(&gap),
         "SIGTERM to Ray came {gap:.3} s after the drain ended (the heartbeat is 15 s):\n{log}"
     );
+}
+
+/// The time of day (UTC), in seconds, of `t`: the clock of the agent's log
+/// lines ([`log_time`]).
+fn day_seconds(t: std::time::SystemTime) -> f64 {
+    let s = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    s % 86_400.0
 }
 
 /// The time of day, in seconds, of the first log line containing `needle`
