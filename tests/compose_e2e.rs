@@ -1237,57 +1237,234 @@ print(json.dumps(ray.get(actor.incr.remote(), timeout=60)))
 /// processes, podman with `DOCKER_HOST`/shim settings in its environment,
 /// symlinks and `..` in binds); none gets an answer. The control: the same
 /// program as root in a worker (`docker exec`) does.
-/// R-SEC-5: a job holding every podman place of the Ray user on worker-1
-/// (600 `podman logs -f` calls: 512 held, the rest refused) does not stop
-/// another job's `image_uri` task from starting there: the raylet's worker
-/// start and its runtime_env agent's image probe take the reserve. Control:
-/// the job's own next call is refused at the bound meanwhile.
+/// R-SEC-5: a Ray job holding every podman place it may have on worker-1
+/// (a task there starts 600 `podman logs -f` of its own container: 128
+/// held, the rest refused) stops neither another job's podman calls there
+/// nor another job's `image_uri` task (the raylet's worker start and its
+/// runtime_env agent's image probe have Ray's reserve beyond every share).
+/// Control: the holding job's own next call is refused at its bound
+/// meanwhile, with its job named; a call from outside any job (an
+/// operator's exec) still goes through.
 fn ray_starts_engines_while_a_job_holds_every_podman_place(c: &Cluster, image: &str) {
     let worker = c.container("worker-1");
-    // The job: a shell of the Ray user that stays. A detached container
-    // lives as long as the process that asked for it (R-SEC-9: outside
-    // Ray's tree, the exec's outermost process), so the shell asks and
-    // then stays (exec keeps its pid and start time).
-    let id_file = "/tmp/argus-e2e-held-container";
-    run(Command::new("docker").args([
-        "exec",
-        "-d",
-        "-u",
-        "ray",
-        &worker,
-        "sh",
-        "-c",
-        &format!(
-            "podman run -d --entrypoint sleep {image} 600 >{id_file}.new 2>&1; \
-             mv {id_file}.new {id_file}; exec sleep 900"
-        ),
-    ]));
-    let t0 = Instant::now();
-    let target = loop {
-        let o = output(Command::new("docker").args(["exec", &worker, "cat", id_file]));
-        if o.status.success() {
-            break String::from_utf8_lossy(&o.stdout).trim().to_string();
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the job's own container: no answer from its podman run"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert!(
-        target.len() == 64 && target.bytes().all(|b| b.is_ascii_hexdigit()),
-        "the job's own container: {target}"
+    let head = c.container("head");
+    let marker = "/tmp/argus-e2e-holder";
+    let _ = output(Command::new("docker").args(["exec", &worker, "rm", "-f", marker]));
+    // The holding job: a driver on the head (left running: the task's
+    // worker, and with it the job's container, lives as long as the job)
+    // whose task on worker-1 holds the calls and writes what its own next
+    // call got.
+    let holder = format!(
+        r#"# argus-e2e-holder
+import json, os, socket, subprocess, time
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ip = socket.gethostbyname(socket.gethostname())
+ray.init(address=f"{{ip}}:{{os.environ.get('ARGUS_RAY_PORT', '6379')}}", log_to_driver=False)
+node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == "{ip}")
+
+@ray.remote(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+def hold():
+    def write(d):
+        with open("{marker}.new", "w") as f:
+            json.dump(d, f)
+        os.replace("{marker}.new", "{marker}")
+    # 20 detached containers at once: the job's own engines are bounded
+    # (ARGUS_SHIM_MAX_ENGINES_PER_JOB, 16 by default), under one lock.
+    runs = [subprocess.Popen(["podman", "run", "-d", "--entrypoint", "sleep", "{image}", "900"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(20)]
+    outs = [r.communicate() + (r.returncode,) for r in runs]
+    made = [o.strip() for o, _, code in outs if code == 0]
+    refused = sorted({{f"{{code}}: {{e.strip()}}" for _, e, code in outs if code != 0}})
+    if not made:
+        write({{"error": "own containers: " + "; ".join(refused)}})
+        return
+    target = made[0]
+    held = [subprocess.Popen(["podman", "logs", "-f", target], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL) for _ in range(600)]
+    seen, t0 = [], time.time()
+    while time.time() - t0 < 180:
+        o = subprocess.run(["podman", "ps", "-q"], capture_output=True, text=True)
+        if o.returncode == 125 and "podman calls of Ray job" in o.stderr:
+            gone = sum(p.poll() is not None for p in held)
+            write({{"container": target, "refusal": o.stderr.strip(), "took": time.time() - t0,
+                   "refused_of_600": gone, "job": os.environ.get("RAY_JOB_ID"),
+                   "made": len(made), "engine_refusals": refused}})
+            time.sleep(900)
+            return
+        seen.append(f"{{time.time() - t0:.0f}}s: {{o.returncode}} {{o.stderr.strip()}}")
+        time.sleep(0.5)
+    write({{"container": target, "error": "never refused: " + "; ".join(seen[-6:])}})
+    time.sleep(900)
+
+ray.get(hold.remote())
+"#,
+        ip = c.ip("worker-1")
     );
     run(Command::new("docker").args([
-        "exec",
-        "-d",
-        "-u",
-        "ray",
-        &worker,
-        "sh",
-        "-c",
-        &format!("for i in $(seq 600); do podman logs -f {target} >/dev/null 2>&1 & done; wait"),
+        "exec", "-d", "-u", "ray", &head, "timeout", "1200", "python", "-c", &holder,
     ]));
+    let t0 = Instant::now();
+    let held: Value = loop {
+        let o = output(Command::new("docker").args(["exec", &worker, "cat", marker]));
+        if o.status.success() {
+            break serde_json::from_slice(&o.stdout)
+                .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)));
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "R-SEC-5: the holding job on worker-1 wrote nothing in 300 s"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let target = held["container"].as_str().unwrap_or_default().to_string();
+    // The job PID 1 gave the job's containers (io.argus.shim.job).
+    let job = if target.is_empty() {
+        String::new()
+    } else {
+        run(Command::new("docker").args([
+            "inspect",
+            "-f",
+            "{{index .Config.Labels \"io.argus.shim.job\"}}",
+            &target,
+        ]))
+        .trim()
+        .to_string()
+    };
+    let of_job = || -> Vec<String> {
+        if job.is_empty() {
+            return Vec::new();
+        }
+        run(Command::new("docker").args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=io.argus.shim.job={job}"),
+        ]))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+    };
+    let end_holder = || {
+        let _ = output(Command::new("docker").args([
+            "exec",
+            &head,
+            "pkill",
+            "-u",
+            "ray",
+            "-f",
+            "argus-e2e-holder",
+        ]));
+        let mut all = of_job();
+        all.push(target.clone());
+        all.retain(|id| !id.is_empty());
+        let _ = output(Command::new("docker").args(["rm", "-f"]).args(&all));
+    };
+    if held.get("error").is_some() {
+        end_holder();
+        panic!("R-SEC-5 control: the holding job: {held}");
+    }
+    // R-SEC-9: of 20 detached containers asked at once, the job's bound
+    // (16) were made, labelled with the job the raylet gave its worker,
+    // and the rest refused by the rule; Docker holds exactly 16.
+    let engines = of_job();
+    let refusals = held["engine_refusals"].to_string();
+    if held["made"] != 16
+        || engines.len() != 16
+        || job != held["job"].as_str().unwrap_or_default()
+        || !refusals.contains("125: ")
+        || !refusals.contains("rule engines-per-job")
+    {
+        end_holder();
+        panic!(
+            "R-SEC-9: 20 detached containers of one job at once: {} made, {} on the daemon with its job label {job:?} (its worker's RAY_JOB_ID {}); refusals {refusals}",
+            held["made"],
+            engines.len(),
+            held["job"]
+        );
+    }
+    log(&format!(
+        "R-SEC-9: 20 detached containers of job {job} at once: 16 made, the rest refused ({refusals})"
+    ));
+    log(&format!(
+        "R-SEC-5: a job holds its share after {:.1} s; its next call: {} ({} of 600 refused at once)",
+        held["took"].as_f64().unwrap_or(f64::NAN),
+        held["refusal"].as_str().unwrap_or_default(),
+        held["refused_of_600"]
+    ));
+    // An operator's call (outside any job) meanwhile: answered.
+    let operator = podman_as_ray(&worker, &["ps", "-q"]);
+    let script = format!(
+        r#"
+import json, os, socket, subprocess, sys, time
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ip = socket.gethostbyname(socket.gethostname())
+ray.init(address=f"{{ip}}:{{os.environ.get('ARGUS_RAY_PORT', '6379')}}", log_to_driver=False)
+node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == "{ip}")
+pin = NodeAffinitySchedulingStrategy(node, soft=False)
+
+@ray.remote(scheduling_strategy=pin)
+def own_calls():
+    t0 = time.time()
+    o = subprocess.run(["podman", "ps", "-q"], capture_output=True, text=True)
+    took = time.time() - t0
+    # Its own engine: its job's count, not the holder's.
+    e = subprocess.run(["podman", "run", "--rm", "--entrypoint", "true", "{image}"],
+                       capture_output=True, text=True)
+    return {{"code": o.returncode, "stderr": o.stderr.strip(), "took": took,
+            "engine": e.returncode, "engine_stderr": e.stderr.strip()}}
+
+@ray.remote(runtime_env={{"image_uri": "{image}"}}, scheduling_strategy=pin)
+def task():
+    from serve.engine_info import engine_info
+    return engine_info()
+
+calls = ray.get(own_calls.remote(), timeout=90)
+t0 = time.time()
+info = ray.get(task.remote(), timeout=90)
+info["took"] = time.time() - t0
+info["calls"] = calls
+print(json.dumps(info))
+"#,
+        ip = c.ip("worker-1")
+    );
+    let out = output(Command::new("docker").args([
+        "exec", "-u", "ray", &head, "timeout", "150", "python", "-c", &script,
+    ]));
+    // The held calls end with their job and its container, whatever the
+    // verdict.
+    end_holder();
+    assert!(
+        operator.status.success(),
+        "R-SEC-5: an operator's podman call on worker-1 was refused while one job held its share: {}",
+        String::from_utf8_lossy(&operator.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "R-SEC-5: another job's tasks on worker-1 did not run while a job held its every podman place\n--- stdout\n{stdout}\n--- stderr\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(
+        r["calls"]["code"], 0,
+        "R-SEC-5: another job's own podman call on worker-1 was refused while one job held its share: {}",
+        r["calls"]
+    );
+    assert_eq!(
+        r["calls"]["engine"], 0,
+        "R-SEC-9: another job's own engine on worker-1 was refused while one job had its every engine: {}",
+        r["calls"]
+    );
+    log(&format!(
+        "R-SEC-5: beside the held calls, another job's podman ps answered in {:.2} s and its image_uri task in {:.1} s ({})",
+        r["calls"]["took"].as_f64().unwrap_or(f64::NAN),
+        r["took"].as_f64().unwrap_or(f64::NAN),
+        r["version"]
+    ));
     let t0 = Instant::now();
     let handlers = || {
         let o = output(Command::new("docker").args([
@@ -1298,96 +1475,16 @@ fn ray_starts_engines_while_a_job_holds_every_podman_place(c: &Cluster, image: &
             "-f",
             "__shim-handler",
         ]));
-        String::from_utf8_lossy(&o.stdout).trim().to_string()
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse::<usize>()
+            .unwrap_or(0)
     };
-    let mut seen = Vec::new();
-    let refusal = loop {
-        let o = podman_as_ray(&worker, &["ps", "-q"]);
-        let err = String::from_utf8_lossy(&o.stderr).to_string();
-        if o.status.code() == Some(125) && err.contains("podman calls of uid") {
-            break err;
-        }
-        seen.push(format!(
-            "{:.0}s: {:?} {} ({} handlers)",
-            t0.elapsed().as_secs_f64(),
-            o.status.code(),
-            err.trim(),
-            handlers()
-        ));
-        assert!(
-            t0.elapsed() < Duration::from_secs(180),
-            "R-SEC-5 control: 600 held calls never filled the Ray user's places: {}",
-            seen[seen.len().saturating_sub(6)..].join("; ")
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    log(&format!(
-        "R-SEC-5: the job holds every place after {:.1} s; its next call: {}",
-        t0.elapsed().as_secs_f64(),
-        refusal.trim()
-    ));
-    let script = format!(
-        r#"
-import json, os, socket, sys, time
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-ip = socket.gethostbyname(socket.gethostname())
-ray.init(address=f"{{ip}}:{{os.environ.get('ARGUS_RAY_PORT', '6379')}}", log_to_driver=False)
-node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == "{ip}")
-
-@ray.remote(runtime_env={{"image_uri": "{image}"}}, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-def task():
-    from serve.engine_info import engine_info
-    return engine_info()
-
-t0 = time.time()
-info = ray.get(task.remote(), timeout=90)
-info["took"] = time.time() - t0
-print(json.dumps(info))
-"#,
-        ip = c.ip("worker-1")
-    );
-    let out = output(Command::new("docker").args([
-        "exec",
-        "-u",
-        "ray",
-        &c.container("head"),
-        "timeout",
-        "150",
-        "python",
-        "-c",
-        &script,
-    ]));
-    // The held calls end with their container, whatever the verdict.
-    run(Command::new("docker").args(["rm", "-f", &target]));
-    let _ = output(Command::new("docker").args([
-        "exec",
-        &worker,
-        "pkill",
-        "-u",
-        "ray",
-        "-x",
-        "-f",
-        "sleep 900",
-    ]));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "R-SEC-5: another job's image_uri task on worker-1 did not start while a job held every podman place\n--- stdout\n{stdout}\n--- stderr\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    log(&format!(
-        "R-SEC-5: image_uri task on worker-1 beside 512 held calls: answered in {:.1} s ({})",
-        r["took"].as_f64().unwrap_or(f64::NAN),
-        r["version"]
-    ));
-    let t0 = Instant::now();
-    while !podman_as_ray(&worker, &["ps", "-q"]).status.success() {
+    while handlers() > 8 {
         assert!(
             t0.elapsed() < Duration::from_secs(60),
-            "the held calls did not end with their container"
+            "the held calls did not end with their job and container ({} handlers left)",
+            handlers()
         );
         std::thread::sleep(Duration::from_millis(500));
     }

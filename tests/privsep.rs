@@ -251,7 +251,7 @@ fn a_flood_of_silent_and_garbage_clients_costs_the_agent_nothing_lasting() {
     let idle = rss_kib(agent.pid());
     // 300 clients that connect and never send: each gets a handler that
     // waits for its request (at most the request deadline, R-SEC-5), and
-    // none is refused (512 calls per uid).
+    // none is refused (384 calls from outside any Ray job, 512 per uid).
     let silent: Vec<UnixStream> = (0..300)
         .map(|_| UnixStream::connect(&sock).unwrap())
         .collect();

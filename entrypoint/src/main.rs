@@ -120,6 +120,7 @@ fn main() -> ExitCode {
         return ExitCode::from(cmd::podman::handle(
             argv.get(2).cloned().unwrap_or_default(),
             argv.get(3).and_then(|a| a.to_str()).map(str::to_string),
+            argv.get(4).and_then(|a| a.to_str()).map(str::to_string),
         ));
     }
 

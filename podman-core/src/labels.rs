@@ -6,6 +6,10 @@ pub const LABEL_OWNER: &str = "io.argus.shim.owner";
 pub const LABEL_PID: &str = "io.argus.shim.pid";
 pub const LABEL_START: &str = "io.argus.shim.pid-start";
 pub const LABEL_RM: &str = "io.argus.shim.rm";
+/// The Ray job (eight hex digits) whose own code started the container
+/// (not Ray's worker starts), as PID 1 decided it: what the per-job bound
+/// on live engine containers counts (`ARGUS_SHIM_MAX_ENGINES_PER_JOB`).
+pub const LABEL_JOB: &str = "io.argus.shim.job";
 
 /// The prefix of every label above.
 pub const LABEL_PREFIX: &str = "io.argus.shim.";

@@ -73,6 +73,8 @@ pub enum PolicyError {
     JobPolicy { name: String },
     #[error("policy: container {name} is not owned by this shim's Ray container (rule owned-containers-only)")]
     NotOwned { name: String },
+    #[error("policy: Ray job {job:08x} already has {live} live engine containers of its own on this node (rule engines-per-job: at most ARGUS_SHIM_MAX_ENGINES_PER_JOB={max}; remove one first)")]
+    JobEngines { job: u32, live: usize, max: usize },
     #[error("{name}={value:?}: {why}")]
     Setting {
         name: &'static str,
@@ -142,6 +144,7 @@ pub const REFUSAL_RULES: &[&str] = &[
     "no_cgroup_parent",
     "allowed_images",
     "no_squatting",
+    "engines_per_job",
     "unsupported",
     "unknown_flag",
     "unknown_command",
@@ -179,6 +182,7 @@ impl PolicyError {
             PolicyError::Image { .. } => "allowed-images",
             PolicyError::JobPolicy { .. } => "no-job-policy",
             PolicyError::NotOwned { .. } => "owned-containers-only",
+            PolicyError::JobEngines { .. } => "engines-per-job",
             PolicyError::Setting { .. } => return None,
         };
         Some(refusal_label(rule))
@@ -334,10 +338,20 @@ struct Root {
     host: Option<PathBuf>,
 }
 
+/// How many live engine containers one Ray job's own code may have on one
+/// node when `ARGUS_SHIM_MAX_ENGINES_PER_JOB` is unset (Ray's own worker
+/// starts, `image_uri` workers and Serve replicas, do not count: Ray's
+/// resources bound those).
+pub const DEFAULT_MAX_ENGINES_PER_JOB: usize = 16;
+
 /// The policy in force.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Policy {
     pub relaxed: bool,
+    /// How many live engine containers one Ray job's own code may have on
+    /// this node (0: no bound, only a policy made in code). Not lifted by
+    /// `relaxed`: a bound on use, not a rule of what a container may be.
+    pub max_engines_per_job: usize,
     /// None: every image is allowed.
     pub allowed_images: Option<Vec<String>>,
     /// Allowed bind roots, paths in the Ray container, as configured.
@@ -443,6 +457,22 @@ impl Policy {
             })
         };
         let allowed_images = list("ARGUS_SHIM_ALLOWED_IMAGES", ',');
+        let max_engines_per_job = match get("ARGUS_SHIM_MAX_ENGINES_PER_JOB")
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+        {
+            None => DEFAULT_MAX_ENGINES_PER_JOB,
+            Some(v) => match v.bytes().all(|b| b.is_ascii_digit()).then(|| v.parse()) {
+                Some(Ok(n @ 1..=4096)) => n,
+                _ => {
+                    return Err(PolicyError::Setting {
+                        name: "ARGUS_SHIM_MAX_ENGINES_PER_JOB",
+                        value: v,
+                        why: "not a whole number from 1 to 4096",
+                    })
+                }
+            },
+        };
         let allowed_binds = allowed_binds(&get)?;
         let start_roots = match get(BIND_ROOTS_VAR).filter(|v| !v.is_empty()) {
             None => None,
@@ -518,6 +548,7 @@ impl Policy {
         }
         Ok(Policy {
             relaxed,
+            max_engines_per_job,
             allowed_images,
             allowed_binds,
             allowed_caps,

@@ -5,8 +5,9 @@
 //! spawns, on a thread of its own, so a garbage, huge, slow or silent client
 //! costs it nothing but a process slot for at most the handler's request
 //! deadline ([`super::handler::REQUEST_DEADLINE`]), and at most
-//! [`MAX_CALLS_PER_UID`] calls of one uid ([`MAX_CALLS`] in all) run at
-//! once (beyond that a client gets a one-line error at once, 125): R-SEC-5.
+//! [`MAX_CALLS_PER_JOB`] calls of one Ray job, [`MAX_CALLS_PER_UID`] of
+//! one uid and [`MAX_CALLS`] in all run at once (beyond that a client gets
+//! a one-line error at once, 125): R-SEC-5.
 //!
 //! Each handler gets a pipe of its own on descriptor 4 for its report (see
 //! [`super::report`]); when the handler exits, the reaper's thread reads
@@ -28,7 +29,7 @@ use tracing::{debug, info, warn};
 use argus_podman_core::docker_host::DockerHost;
 
 use super::client::SOCKET;
-use super::handler::CONNECTION_FD;
+use super::handler::{CONNECTION_FD, CREATE_LOCK_FD};
 use super::report::{self, REPORT_FD};
 use super::transport::{self, ToClient};
 use crate::error::EXIT_SHIM;
@@ -48,6 +49,91 @@ pub const MAX_CALLS_PER_UID: usize = 512;
 /// How many podman calls may run at once on one node, all uids together.
 pub const MAX_CALLS: usize = 1024;
 
+/// How many podman calls one Ray job may have at once on one node (its
+/// [`Share`]), within its uid's [`MAX_CALLS_PER_UID`]: every job runs as
+/// the Ray user, so without it one job holding long calls (`logs -f`,
+/// attached runs) would leave the others none. Four jobs at their bound
+/// fill the uid's places; Ray's own starts still have [`RAY_RESERVE`].
+pub const MAX_CALLS_PER_JOB: usize = 128;
+
+/// How many podman calls of one uid that come from no Ray job (its
+/// [`Share::Unattributed`]) may run at once on one node: the uid's bound
+/// less one job's, so that they too leave a job its share. An operator's
+/// calls and Ray's daemons' come from here; a job's code only by leaving
+/// its worker's tree for PID 1, whose janitor ends such a process within
+/// its 30 s round.
+pub const MAX_CALLS_UNATTRIBUTED: usize = MAX_CALLS_PER_UID - MAX_CALLS_PER_JOB;
+
+/// Whose share of the uid's places a call counts against (R-SEC-5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Share {
+    /// A Ray job's: the job ID (Ray 2.53's four bytes, as a number) that
+    /// this node's raylet gave the Ray worker the call comes from.
+    Job(u32),
+    /// One share for every other call: an operator's `docker exec`, a Ray
+    /// daemon's own call, a process left to PID 1, a worker whose job ID
+    /// does not read as one.
+    Unattributed,
+}
+
+impl Share {
+    /// How many calls of one uid this share may have at once on one node.
+    pub fn bound(self) -> usize {
+        match self {
+            Share::Job(_) => MAX_CALLS_PER_JOB,
+            Share::Unattributed => MAX_CALLS_UNATTRIBUTED,
+        }
+    }
+}
+
+impl std::fmt::Display for Share {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Share::Job(id) => write!(f, "Ray job {id:08x}"),
+            Share::Unattributed => f.write_str("callers outside any Ray job"),
+        }
+    }
+}
+
+/// The most of a process's environment [`share_of`] reads.
+const MAX_ENVIRON: u64 = 1 << 20;
+
+/// The share of a call whose [`lifetime_owner`] is `owner`: when `owner` is
+/// a Ray worker this node's raylet started (its parent is a process named
+/// `raylet` whose parent is `ray start`, by pid), the job ID the raylet
+/// put in its environment at its start (`RAY_JOB_ID`, exactly eight hex
+/// digits, read as a number); otherwise [`Share::Unattributed`]. Only the
+/// worker's own environment is read, never the caller's (a task's
+/// subprocess may set anything); `environ` gives a pid's environment
+/// (NUL-separated, as in /proc/<pid>/environ).
+///
+/// A job's code runs in that worker and can rewrite its memory, so the
+/// share is a fairness bound inside the cluster (one tenant: any job can
+/// already kill any other's actors), not a wall between jobs: a job that
+/// forges another's ID only moves its own calls into that job's share.
+pub fn share_of(
+    owner: i32,
+    ray: i32,
+    stat: impl Fn(i32) -> Option<(i32, String)>,
+    environ: impl Fn(i32) -> Option<Vec<u8>>,
+) -> Share {
+    let worker = ray > 0
+        && matches!(stat(owner), Some((parent, _))
+            if matches!(stat(parent), Some((up, name)) if up == ray && name == "raylet"));
+    if !worker {
+        return Share::Unattributed;
+    }
+    environ(owner)
+        .and_then(|env| {
+            let value = env
+                .split(|b| *b == 0)
+                .find_map(|kv| kv.strip_prefix(b"RAY_JOB_ID="))?;
+            (value.len() == 8 && value.iter().all(u8::is_ascii_hexdigit))
+                .then(|| u32::from_str_radix(std::str::from_utf8(value).ok()?, 16).ok())?
+        })
+        .map_or(Share::Unattributed, Share::Job)
+}
+
 /// Places kept for the calls this node's Ray makes itself (a direct child
 /// of its raylet: a container worker's `podman run`; or of its
 /// runtime_env agent: the image probe before such a worker) once their uid is at [`MAX_CALLS_PER_UID`] or the node
@@ -61,15 +147,16 @@ pub const RAY_RESERVE: usize = 64;
 /// Where a call was counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Place {
-    /// Within the uid's and the node's bounds.
-    Shared,
+    /// Within its share's, the uid's and the node's bounds.
+    Shared(Share),
     /// In [`RAY_RESERVE`], by the Ray-started process of this pid.
     Reserved(i32),
 }
 
-/// The live calls per uid, and in all.
+/// The live calls per share, per uid, and in all.
 #[derive(Debug, Default)]
 pub struct Calls {
+    per_share: std::collections::HashMap<(u32, Share), usize>,
     per_uid: std::collections::HashMap<u32, usize>,
     all: usize,
     /// The Ray-started processes holding a reserved place.
@@ -77,17 +164,24 @@ pub struct Calls {
 }
 
 impl Calls {
-    /// Counts a new call of `uid` and returns where, or returns the
-    /// one-line refusal when `uid` or the node is at its bound and the
-    /// caller has no reserved place (`ray_started`, asked only then: the
-    /// caller's pid when this node's Ray started it).
+    /// Counts a new call of `uid` in `share` and returns where, or returns
+    /// the one-line refusal when the share, `uid` or the node is at its
+    /// bound and the caller has no reserved place (`ray_started`, asked
+    /// only then: the caller's pid when this node's Ray started it).
     pub fn admit(
         &mut self,
         uid: u32,
+        share: Share,
         ray_started: impl FnOnce() -> Option<i32>,
     ) -> Result<Place, String> {
         let mine = self.per_uid.get(&uid).copied().unwrap_or(0);
-        let why = if mine >= MAX_CALLS_PER_UID {
+        let ours = self.per_share.get(&(uid, share)).copied().unwrap_or(0);
+        let why = if ours >= share.bound() {
+            format!(
+                "{} podman calls of {share} are already running on this node",
+                share.bound()
+            )
+        } else if mine >= MAX_CALLS_PER_UID {
             format!(
                 "{MAX_CALLS_PER_UID} podman calls of uid {uid} are already running on this node"
             )
@@ -95,8 +189,9 @@ impl Calls {
             format!("{MAX_CALLS} podman calls are already running on this node")
         } else {
             self.per_uid.insert(uid, mine + 1);
+            self.per_share.insert((uid, share), ours + 1);
             self.all += 1;
-            return Ok(Place::Shared);
+            return Ok(Place::Shared(share));
         };
         match ray_started() {
             Some(pid) if self.reserved.len() < RAY_RESERVE && self.reserved.insert(pid) => {
@@ -108,16 +203,23 @@ impl Calls {
 
     /// Counts the end of a call of `uid` counted at `place`.
     pub fn done(&mut self, uid: u32, place: Place) {
-        if let Place::Reserved(pid) = place {
-            self.reserved.remove(&pid);
-            return;
-        }
-        if let Some(n) = self.per_uid.get_mut(&uid) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.per_uid.remove(&uid);
+        let share = match place {
+            Place::Reserved(pid) => {
+                self.reserved.remove(&pid);
+                return;
+            }
+            Place::Shared(share) => share,
+        };
+        fn down<K: std::hash::Hash + Eq>(map: &mut std::collections::HashMap<K, usize>, key: K) {
+            if let Some(n) = map.get_mut(&key) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    map.remove(&key);
+                }
             }
         }
+        down(&mut self.per_uid, uid);
+        down(&mut self.per_share, (uid, share));
         self.all = self.all.saturating_sub(1);
     }
 }
@@ -227,12 +329,48 @@ fn is_runtime_env_agent(pid: i32, raylet: i32) -> bool {
     socket_inodes_of(pid).is_some_and(|held| held.iter().any(|i| inodes.contains(i)))
 }
 
-/// The inodes of the sockets `pid` holds. Reading another user's
-/// descriptor links takes CAP_SYS_PTRACE, which the node container does
-/// not have, or the same file-system identity as the process: so the links
-/// are read on a thread of its own that takes the process's uid and gid as
-/// its fsuid and fsgid (per thread; the thread ends with the read).
+/// The inodes of the sockets `pid` holds (its descriptor links).
 fn socket_inodes_of(pid: i32) -> Option<Vec<String>> {
+    as_owner_of(pid, || {
+        let links = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+        Some(
+            links
+                .flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_str()?;
+                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                })
+                .collect(),
+        )
+    })
+}
+
+/// `pid`'s environment as it was at its start (/proc/<pid>/environ, at
+/// most [`MAX_ENVIRON`] bytes), or `None` if the process changed (another
+/// start time after the read: a reused pid) or cannot be read.
+fn environ_of(pid: i32) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let start = crate::docker::process_start(pid as u32)?;
+    let env = as_owner_of(pid, || {
+        let mut env = Vec::new();
+        std::fs::File::open(format!("/proc/{pid}/environ"))
+            .ok()?
+            .take(MAX_ENVIRON)
+            .read_to_end(&mut env)
+            .ok()?;
+        Some(env)
+    })?;
+    (crate::docker::process_start(pid as u32)? == start).then_some(env)
+}
+
+/// Runs `read` (a read of `pid`'s /proc files) with `pid`'s file-system
+/// identity. Reading another user's descriptor links or environment takes
+/// CAP_SYS_PTRACE, which the node container does not have, or the same
+/// file-system identity as the process: so `read` runs on a thread of its
+/// own that takes the process's uid and gid as its fsuid and fsgid (per
+/// thread; the thread ends with the read).
+fn as_owner_of<T: Send>(pid: i32, read: impl FnOnce() -> Option<T> + Send) -> Option<T> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let id = |key: &str| -> Option<u32> {
         status
@@ -245,7 +383,7 @@ fn socket_inodes_of(pid: i32) -> Option<Vec<String>> {
     };
     let (uid, gid) = (id("Uid:")?, id("Gid:")?);
     std::thread::scope(|s| {
-        // A thread that cannot start is no proof: not Ray's (never a
+        // A thread that cannot start is no proof: nothing read (never a
         // panic on PID 1's broker thread).
         let reader = std::thread::Builder::new().spawn_scoped(s, || {
             // SAFETY: plain numbers; the identity is this thread's alone.
@@ -253,17 +391,7 @@ fn socket_inodes_of(pid: i32) -> Option<Vec<String>> {
                 libc::setfsgid(gid);
                 libc::setfsuid(uid);
             }
-            let links = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
-            Some(
-                links
-                    .flatten()
-                    .filter_map(|e| std::fs::read_link(e.path()).ok())
-                    .filter_map(|l| {
-                        let l = l.to_str()?;
-                        Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
-                    })
-                    .collect(),
-            )
+            read()
         });
         reader.ok()?.join().ok()?
     })
@@ -373,14 +501,20 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
         return;
     }
     let ray = cfg.ray_pid.load(std::sync::atomic::Ordering::Relaxed);
-    let ray_started = || {
-        (pid > 0 && started_by_ray(pid, ray, parent_and_name, is_runtime_env_agent)).then_some(pid)
-    };
-    let admitted = lock(live).admit(uid, ray_started);
+    let by_ray = pid > 0 && started_by_ray(pid, ray, parent_and_name, is_runtime_env_agent);
+    let ray_started = || by_ray.then_some(pid);
+    // Decided here, by PID 1, once: the caller's word is never asked.
+    let owner = (pid > 0)
+        .then(|| lifetime_owner(pid, ray, parent_and_name))
+        .flatten();
+    let share = owner.map_or(Share::Unattributed, |o| {
+        share_of(o, ray, parent_and_name, environ_of)
+    });
+    let admitted = lock(live).admit(uid, share, ray_started);
     let place = match admitted {
         Ok(place) => place,
         Err(why) => {
-            warn!(pid, uid, "podman broker: too many calls at once");
+            warn!(pid, uid, %share, "podman broker: too many calls at once");
             refuse(&conn, why);
             return;
         }
@@ -402,19 +536,36 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
         }
     };
     let tx = report_tx.as_raw_fd();
-    // Decided here, by PID 1, once: the caller's word is never asked.
-    let lifetime = (pid > 0)
-        .then(|| lifetime_owner(pid, ray, parent_and_name))
-        .flatten()
-        .map(|owner| {
+    let lifetime = owner.map_or_else(
+        || "-".to_string(),
+        |owner| {
             // Unreadable: gone already, so its containers go at the next sweep.
             let start = crate::docker::process_start(owner as u32).unwrap_or(0);
             format!("{owner}:{start}")
-        });
+        },
+    );
+    // The job whose own engine containers this call's count among
+    // (ARGUS_SHIM_MAX_ENGINES_PER_JOB): not for Ray's own worker starts,
+    // which Ray's resources bound.
+    let job = match share {
+        Share::Job(id) if !by_ray => format!("{id:08x}"),
+        _ => "-".to_string(),
+    };
+    let create_lock = match create_lock(&cfg.state_dir) {
+        Ok(l) => l,
+        Err(e) => {
+            lock(live).done(uid, place);
+            warn!(error = %e, "podman broker: cannot open the create lock");
+            refuse(&conn, format!("the node agent cannot start a handler: {e}"));
+            return;
+        }
+    };
+    let lock_fd = create_lock.as_raw_fd();
     let mut cmd = Command::new(exe);
     cmd.arg(HANDLER_COMMAND)
         .arg(&cfg.settings)
-        .args(lifetime)
+        .arg(lifetime)
+        .arg(job)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -431,6 +582,9 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
                 return Err(io::Error::last_os_error());
             }
             if libc::dup2(tx, REPORT_FD) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::dup2(lock_fd, CREATE_LOCK_FD) < 0 {
                 return Err(io::Error::last_os_error());
             }
             Ok(())
@@ -468,8 +622,9 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
         debug!(pid, %exit, command = r.command, code = ?r.code, refusal = ?r.refusal, ?took, "podman call ended");
     });
     // Only the handler holds the write end now: a handler that dies
-    // without writing leaves an empty pipe.
+    // without writing leaves an empty pipe. PID 1 never takes the lock.
     drop(report_tx);
+    drop(create_lock);
     match spawned {
         Ok(handler) => debug!(pid, uid, handler, "podman call accepted"),
         Err(e) => {
@@ -480,16 +635,36 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
     }
 }
 
+/// The node's create lock file (`runner::job_slot`), in the state folder.
+pub const CREATE_LOCK: &str = "shim-create.lock";
+
+/// Opens the node's create lock for one handler: an opening of its own
+/// (`flock` excludes openings), read-only, created root's and 0600 when
+/// missing, no link followed, numbered above [`CREATE_LOCK_FD`] so that
+/// placing the connection and the report pipe cannot overwrite it.
+fn create_lock(state_dir: &Path) -> io::Result<OwnedFd> {
+    use nix::fcntl::{fcntl, open, FcntlArg, OFlag};
+    use nix::sys::stat::Mode;
+    let fd = open(
+        &state_dir.join(CREATE_LOCK),
+        OFlag::O_RDONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )?;
+    let high = fcntl(&fd, FcntlArg::F_DUPFD_CLOEXEC(CREATE_LOCK_FD + 1))?;
+    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor this process owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(high) })
+}
+
 /// Creates a call's report pipe: the read end non-blocking (the broker
 /// reads it from the reaper's thread once the handler exited), both ends
 /// close-on-exec (no other child of PID 1 inherits them; the handler gets
 /// the write end on [`REPORT_FD`] by dup2), and the write end numbered
-/// above [`REPORT_FD`] and [`CONNECTION_FD`].
+/// above [`CREATE_LOCK_FD`], [`REPORT_FD`] and [`CONNECTION_FD`].
 fn report_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     use nix::fcntl::{fcntl, FcntlArg, OFlag};
     let (rx, tx) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
     fcntl(&rx, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
-    let high = fcntl(&tx, FcntlArg::F_DUPFD_CLOEXEC(REPORT_FD + 1))?;
+    let high = fcntl(&tx, FcntlArg::F_DUPFD_CLOEXEC(CREATE_LOCK_FD + 1))?;
     // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor this process owns.
     let tx = unsafe { OwnedFd::from_raw_fd(high) };
     Ok((rx, tx))
@@ -722,62 +897,183 @@ mod tests {
         );
     }
 
+    const NONE: Share = Share::Unattributed;
+
+    /// `n` calls of `uid`, each in a share of its own (so that no job's
+    /// bound is what refuses).
+    fn fill(c: &mut Calls, uid: u32, n: usize) {
+        for job in 0..n as u32 {
+            let share = Share::Job(job);
+            assert_eq!(c.admit(uid, share, || None), Ok(Place::Shared(share)));
+        }
+    }
+
     #[test]
     fn calls_are_bounded_per_uid_and_in_all() {
         let mut c = Calls::default();
-        for _ in 0..MAX_CALLS_PER_UID {
-            assert_eq!(c.admit(1000, || None), Ok(Place::Shared));
-        }
-        let why = c.admit(1000, || None).unwrap_err();
+        fill(&mut c, 1000, MAX_CALLS_PER_UID);
+        let why = c.admit(1000, Share::Job(u32::MAX), || None).unwrap_err();
         assert!(why.contains("uid 1000") && !why.contains('\n'), "{why}");
         // Another uid still gets in; one call ended makes room again.
-        assert_eq!(c.admit(0, || None), Ok(Place::Shared));
-        c.done(1000, Place::Shared);
-        assert_eq!(c.admit(1000, || None), Ok(Place::Shared));
+        assert_eq!(c.admit(0, NONE, || None), Ok(Place::Shared(NONE)));
+        c.done(1000, Place::Shared(Share::Job(0)));
+        assert_eq!(
+            c.admit(1000, Share::Job(0), || None),
+            Ok(Place::Shared(Share::Job(0)))
+        );
         // The node's bound holds over all uids.
         let mut c = Calls::default();
         for uid in 0..MAX_CALLS as u32 {
-            assert_eq!(c.admit(uid, || None), Ok(Place::Shared));
+            assert_eq!(c.admit(uid, NONE, || None), Ok(Place::Shared(NONE)));
         }
         assert!(c
-            .admit(u32::MAX, || None)
+            .admit(u32::MAX, NONE, || None)
             .unwrap_err()
             .contains("already running"));
         for uid in 0..MAX_CALLS as u32 {
-            c.done(uid, Place::Shared);
+            c.done(uid, Place::Shared(NONE));
         }
-        assert_eq!((c.all, c.per_uid.len()), (0, 0));
+        assert_eq!((c.all, c.per_uid.len(), c.per_share.len()), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_job_at_its_bound_leaves_room_for_the_other_jobs() {
+        let mut c = Calls::default();
+        let (greedy, other) = (Share::Job(0x0300_0000), Share::Job(0x0400_0000));
+        for _ in 0..MAX_CALLS_PER_JOB {
+            assert_eq!(c.admit(1000, greedy, || None), Ok(Place::Shared(greedy)));
+        }
+        let why = c.admit(1000, greedy, || None).unwrap_err();
+        assert!(
+            why.contains("Ray job 03000000") && !why.contains('\n'),
+            "{why}"
+        );
+        // Another job and the callers outside any job still get in, up to
+        // their own bound each.
+        assert_eq!(c.admit(1000, other, || None), Ok(Place::Shared(other)));
+        c.done(1000, Place::Shared(other));
+        for _ in 0..MAX_CALLS_UNATTRIBUTED {
+            assert_eq!(c.admit(1000, NONE, || None), Ok(Place::Shared(NONE)));
+        }
+        assert!(c
+            .admit(1000, NONE, || None)
+            .unwrap_err()
+            .contains("outside any Ray job"));
+        // Now the uid is full: the callers outside jobs left the greedy
+        // job's share to it, and no more. The same job number under
+        // another uid is another share.
+        assert!(c.admit(1000, Share::Job(5), || None).is_err());
+        assert_eq!(c.admit(0, greedy, || None), Ok(Place::Shared(greedy)));
+        // One of the greedy job's calls ends: it gets one place back.
+        c.done(1000, Place::Shared(greedy));
+        assert_eq!(c.admit(1000, greedy, || None), Ok(Place::Shared(greedy)));
+        assert!(c.admit(1000, greedy, || None).is_err());
+        // A job at its bound still has Ray's reserve for its worker starts.
+        assert_eq!(c.admit(1000, greedy, || Some(77)), Ok(Place::Reserved(77)));
     }
 
     #[test]
     fn rays_own_calls_have_a_reserve_a_job_at_its_bound_cannot_take() {
         let mut c = Calls::default();
-        for _ in 0..MAX_CALLS_PER_UID {
-            c.admit(1000, || None).unwrap();
-        }
+        fill(&mut c, 1000, MAX_CALLS_PER_UID);
+        let late = Share::Job(u32::MAX);
         // A job's call at the bound: refused. The raylet's child: reserved.
-        assert!(c.admit(1000, || None).is_err());
-        assert_eq!(c.admit(1000, || Some(77)), Ok(Place::Reserved(77)));
+        assert!(c.admit(1000, late, || None).is_err());
+        assert_eq!(c.admit(1000, late, || Some(77)), Ok(Place::Reserved(77)));
         // One place per Ray-started process: its second call is refused.
-        assert!(c.admit(1000, || Some(77)).is_err());
+        assert!(c.admit(1000, late, || Some(77)).is_err());
         for pid in 1..RAY_RESERVE as i32 {
             assert_eq!(
-                c.admit(1000, || Some(1000 + pid)),
+                c.admit(1000, late, || Some(1000 + pid)),
                 Ok(Place::Reserved(1000 + pid))
             );
         }
         assert!(
-            c.admit(1000, || Some(5000)).is_err(),
+            c.admit(1000, late, || Some(5000)).is_err(),
             "the reserve is bounded"
         );
         // A reserved call that ends frees its place, not a shared one.
         c.done(1000, Place::Reserved(77));
         assert_eq!(c.per_uid[&1000], MAX_CALLS_PER_UID);
-        assert!(c.admit(1000, || None).is_err());
-        assert_eq!(c.admit(1000, || Some(78)), Ok(Place::Reserved(78)));
+        assert!(c.admit(1000, late, || None).is_err());
+        assert_eq!(c.admit(1000, late, || Some(78)), Ok(Place::Reserved(78)));
         // Below the bound a Ray-started call takes a shared place.
         let mut c = Calls::default();
-        assert_eq!(c.admit(1000, || Some(77)), Ok(Place::Shared));
+        assert_eq!(c.admit(1000, late, || Some(77)), Ok(Place::Shared(late)));
+    }
+
+    #[test]
+    fn a_calls_job_is_the_one_the_raylet_gave_its_worker_by_number() {
+        // pid -> (parent, name): ray start 10, its raylet 11, workers 12..19
+        // (the raylet's children), a process named raylet under the
+        // worker 12 (20) and its child 21, a raylet of no ray start (30)
+        // and its child 31, an operator's exec 40.
+        let table = |pid: i32| -> Option<(i32, String)> {
+            let (parent, name) = match pid {
+                10 => (1, "ray"),
+                11 => (10, "raylet"),
+                12..=19 => (11, "default_worker"),
+                20 => (12, "raylet"),
+                21 => (20, "default_worker"),
+                30 => (1, "raylet"),
+                31 => (30, "default_worker"),
+                40 => (0, "bash"),
+                _ => return None,
+            };
+            Some((parent, name.to_string()))
+        };
+        let env = |pid: i32| -> Option<Vec<u8>> {
+            let job: &[u8] = match pid {
+                12 | 21 | 31 | 40 => b"RAY_JOB_ID=03000000",
+                13 => b"RAY_JOB_ID=0300000A",
+                14 => b"RAY_JOB_ID=3000000",
+                15 => b"RAY_JOB_ID=003000000",
+                16 => b"RAY_JOB_ID=0x300000",
+                17 => b"RAY_JOB_ID=+3000000",
+                18 => b"NOT_RAY_JOB_ID=03000000",
+                19 => return None,
+                _ => return None,
+            };
+            Some([b"PATH=/bin\0".as_slice(), job, b"\0HOME=/x\0"].concat())
+        };
+        let share = |pid| share_of(pid, 10, table, env);
+        assert_eq!(share(12), Share::Job(0x0300_0000));
+        // A number, whatever the case of its digits.
+        assert_eq!(share(13), Share::Job(0x0300_000a));
+        // Not eight hex digits, another variable's value, no environment
+        // (gone, or another process under the pid): no job's.
+        for pid in 14..=19 {
+            assert_eq!(share(pid), Share::Unattributed, "{pid}");
+        }
+        // Not a child of this run's raylet (a name is not a raylet; a
+        // raylet of no ray start; an operator's exec), whatever its
+        // environment says.
+        for pid in [21, 31, 40, 99] {
+            assert_eq!(share(pid), Share::Unattributed, "{pid}");
+        }
+        // No Ray running: nobody's.
+        assert_eq!(share_of(12, 0, table, env), Share::Unattributed);
+    }
+
+    #[test]
+    fn a_workers_environment_is_read_as_it_started_and_only_while_it_lives() {
+        let mut child = Command::new("sleep")
+            .arg("30")
+            .env_clear()
+            .env("RAY_JOB_ID", "0a000000")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let env = environ_of(pid).expect("a live child's environment");
+        assert!(
+            env.split(|b| *b == 0)
+                .any(|kv| kv == b"RAY_JOB_ID=0a000000"),
+            "{}",
+            String::from_utf8_lossy(&env)
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(environ_of(pid), None, "a reaped child");
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub struct Caller {
     /// the caller's ancestry (R-SEC-9, `broker::lifetime_owner`); `None`
     /// for a standalone shim, whose detached containers live until removed.
     pub lifetime: Option<(u32, u64)>,
+    /// The Ray job whose own code made this call (not a start of Ray's
+    /// own), decided by PID 1's broker (`broker::share_of`); `None` for
+    /// Ray's starts, callers outside any job and a standalone shim.
+    pub job: Option<u32>,
 }
 
 impl Caller {
@@ -45,6 +49,7 @@ impl Caller {
             ulimits: own_ulimits(),
             env: process_env(),
             lifetime: None,
+            job: None,
         }
     }
 }
@@ -186,6 +191,7 @@ mod tests {
                 ("ARGUS_SHIM_POLICY", "x"),
             ]),
             lifetime: None,
+            job: None,
         };
         let c = Call::with_env(
             caller.clone(),

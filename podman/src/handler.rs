@@ -40,6 +40,14 @@ use argus_supervise::privs;
 /// The descriptor the broker passes the connection on.
 pub const CONNECTION_FD: i32 = 3;
 
+/// The descriptor the broker passes this call's own opening of the node's
+/// create lock on (`shim-create.lock` in the state folder, root's): a call
+/// that counts its job's engine containers and creates one holds it
+/// meanwhile (`runner::job_slot`), so two calls of one job cannot both
+/// take the last place. An opening of its own per call: `flock` excludes
+/// openings, not processes.
+pub const CREATE_LOCK_FD: i32 = 5;
+
 /// How long a client may take to send its whole request (R-SEC-5): a
 /// deadline for all reads together, not per read, so a client that sends
 /// one byte now and then is dropped all the same.
@@ -48,10 +56,22 @@ pub const REQUEST_DEADLINE: Duration = Duration::from_secs(3);
 /// Serves the call on [`CONNECTION_FD`]; `init_log` installs the log
 /// subscriber once stderr is the client's. Returns the exit code.
 /// `lifetime` is the broker's `PID:START` of the process a detached
-/// container of this call lives as long as (`broker::lifetime_owner`).
-pub fn serve(settings: &Path, lifetime: Option<&str>, init_log: impl FnOnce()) -> u8 {
+/// container of this call lives as long as (`broker::lifetime_owner`);
+/// `job` the broker's eight hex digits of the Ray job whose own code made
+/// the call (`broker::share_of`; `-` or absent: none).
+pub fn serve(
+    settings: &Path,
+    lifetime: Option<&str>,
+    job: Option<&str>,
+    init_log: impl FnOnce(),
+) -> u8 {
     let _ = privs::make_non_dumpable();
     report::take_fd();
+    // The create lock stays this process's alone: no program it runs
+    // inherits it (a lock held by an opening lasts while any copy of it
+    // is open).
+    // SAFETY: F_SETFD on a descriptor number; harmless when it is not open.
+    unsafe { libc::fcntl(CREATE_LOCK_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
     // SAFETY: the broker passes the connection on this descriptor, and
     // nothing else in this process owns it.
     let sock = unsafe { UnixStream::from_raw_fd(CONNECTION_FD) };
@@ -70,6 +90,7 @@ pub fn serve(settings: &Path, lifetime: Option<&str>, init_log: impl FnOnce()) -
         }
     };
     caller.lifetime = lifetime.and_then(parse_lifetime);
+    caller.job = job.and_then(parse_job);
     init_log();
     let done = Arc::new(AtomicBool::new(false));
     let code = super::run_here(&args, caller, || relay_signals(&sock, done.clone()));
@@ -81,6 +102,12 @@ pub fn serve(settings: &Path, lifetime: Option<&str>, init_log: impl FnOnce()) -
     // has exited, so it costs the client nothing.
     report::send(code);
     code
+}
+
+/// Reads the broker's job: exactly eight hex digits, as a number.
+fn parse_job(s: &str) -> Option<u32> {
+    (s.len() == 8 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| u32::from_str_radix(s, 16).ok())?
 }
 
 /// Reads the broker's `PID:START` (decimal numbers) of a call's lifetime
@@ -161,6 +188,7 @@ fn become_client(sock: &UnixStream, settings: &Path) -> Result<(Vec<String>, Cal
             ulimits,
             env,
             lifetime: None,
+            job: None,
         },
     ))
 }

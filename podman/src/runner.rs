@@ -312,6 +312,7 @@ async fn context(
         shim_pid: pid,
         shim_start: docker::process_start(pid).unwrap_or(0),
         lifetime: call.caller.lifetime,
+        job: call.caller.job,
         groups: call.caller.groups.clone(),
         canonical,
         env_files,
@@ -431,6 +432,102 @@ fn compose_would_adopt(name: &str, project: &str) -> bool {
     let bare = name.strip_prefix('/').unwrap_or(name);
     bare.strip_prefix(project)
         .is_some_and(|rest| rest.starts_with('-') || rest.starts_with('_'))
+}
+
+/// How long a call waits for the node's create lock: each holder counts
+/// and creates, a second or two on a busy daemon, and only a job's own
+/// calls queue for it (never Ray's worker starts).
+const CREATE_LOCK_WAIT: Duration = Duration::from_secs(120);
+
+/// The node's create lock, held by this call until dropped (closing the
+/// descriptor releases it).
+struct CreateLock {
+    _held: std::os::fd::OwnedFd,
+}
+
+/// Takes this call's opening of the node's create lock
+/// ([`crate::handler::CREATE_LOCK_FD`]) once it is free, waiting at most
+/// [`CREATE_LOCK_WAIT`]. `None` when the broker passed none (a standalone
+/// shim, which has no job).
+async fn create_lock() -> Result<Option<CreateLock>, ShimError> {
+    use std::os::fd::FromRawFd;
+    let fd = crate::handler::CREATE_LOCK_FD;
+    // SAFETY: F_GETFD only asks whether the descriptor is open.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Ok(None);
+    }
+    // SAFETY: the broker opened it for this process alone; nothing else
+    // here owns it, and this runs once per call.
+    let lock = CreateLock {
+        _held: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) },
+    };
+    let until = std::time::Instant::now() + CREATE_LOCK_WAIT;
+    loop {
+        // SAFETY: a descriptor this process owns.
+        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(Some(lock));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) || std::time::Instant::now() > until {
+            return Err(ShimError::Io {
+                path: "shim-create.lock".into(),
+                source: e,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether a container in Docker's `state` counts as live for the per-job
+/// bound: everything but one that has ended (`exited`, `dead`) or is on its
+/// way out (`removing`).
+pub fn counts_as_live(state: &str) -> bool {
+    !matches!(state, "exited" | "dead" | "removing")
+}
+
+/// For a call of a Ray job's own code (`ctx.job`, PID 1's word): takes the
+/// node's create lock, then counts the job's live engine containers of
+/// this node and refuses the call at `policy.max_engines_per_job`;
+/// otherwise returns the lock, which the caller holds until its container
+/// exists, so no two calls of one job take the last place.
+async fn job_slot(
+    docker: &Docker,
+    policy: &Policy,
+    ctx: &Context,
+) -> Result<Option<CreateLock>, ShimError> {
+    use argus_podman_core::labels::{LABEL_JOB, LABEL_OWNER};
+    let (Some(job), max) = (ctx.job, policy.max_engines_per_job) else {
+        return Ok(None);
+    };
+    if max == 0 {
+        return Ok(None);
+    }
+    let lock = create_lock().await?;
+    let filters = HashMap::from([(
+        "label".to_string(),
+        vec![
+            format!("{LABEL_OWNER}={}", ctx.owner),
+            format!("{LABEL_JOB}={job:08x}"),
+        ],
+    )]);
+    let list = docker
+        .list_containers(Some(
+            bollard::query_parameters::ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .map_err(ShimError::docker("list containers"))?;
+    let live = list
+        .iter()
+        // A container whose state Docker did not say counts.
+        .filter(|c| c.state.as_ref().is_none_or(|s| counts_as_live(s.as_ref())))
+        .count();
+    if live >= max {
+        return Err(PolicyError::JobEngines { job, live, max }.into());
+    }
+    Ok(lock)
 }
 
 /// Refuses to pull `image` when a container of this host that no shim
@@ -554,7 +651,10 @@ async fn checked_run(
     if let Some(id) = replace {
         docker::remove(docker, id).await;
     }
+    // Held from the count to the create: released when dropped.
+    let slot = job_slot(docker, policy, ctx).await?;
     let id = create(docker, o, plan.body.clone(), shown).await?;
+    drop(slot);
     let code = run_created(docker, o, &plan.copies, &id).await;
     // Detached --rm is Docker's AutoRemove, unless the start failed.
     if o.rm && (!o.detach || !matches!(code, Ok(0))) {

@@ -29,7 +29,7 @@ pub use user::parse_id;
 pub use user::spellings as test_spellings;
 
 use super::args::RunOpts;
-use super::labels::{LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
+use super::labels::{LABEL_JOB, LABEL_OWNER, LABEL_PID, LABEL_RM, LABEL_START};
 use super::selfid::SelfContainer;
 
 /// Errors of translation; each names the flag or path it is about.
@@ -91,6 +91,9 @@ pub struct Context {
     /// Ray worker of the calling job, as PID 1 found it (R-SEC-9). `None`:
     /// a detached container lives until removed or the node stops.
     pub lifetime: Option<(u32, u64)>,
+    /// The Ray job whose own code asks for the container (PID 1's word):
+    /// labelled [`LABEL_JOB`], which the per-job bound counts.
+    pub job: Option<u32>,
     /// The caller's supplementary groups, for `--group-add keep-groups`.
     pub groups: Vec<u32>,
     /// Canonical forms of the bind sources (resolved at the edge).
@@ -175,6 +178,9 @@ pub fn translate(o: &RunOpts, ctx: &Context) -> Result<Plan, TranslateError> {
     if let Some((pid, start)) = owner {
         labels.insert(LABEL_PID.into(), pid.to_string());
         labels.insert(LABEL_START.into(), start.to_string());
+    }
+    if let Some(job) = ctx.job {
+        labels.insert(LABEL_JOB.into(), format!("{job:08x}"));
     }
 
     let entrypoint = o.entrypoint.as_ref().map(|e| {
@@ -755,6 +761,28 @@ mod tests {
             (Some(true), Some(false), Some(false))
         );
         assert!(!p.body.labels.unwrap().contains_key(LABEL_PID));
+    }
+
+    #[test]
+    fn the_job_label_is_pid_1s_word_never_the_callers_environment() {
+        // The caller's environment names job 02000000: no label from it.
+        let labels = translate(&run_opts(&["run", "-d", "i"]), &ctx(None))
+            .unwrap()
+            .body
+            .labels
+            .unwrap();
+        assert!(!labels.contains_key(LABEL_JOB), "{labels:?}");
+        let mut c = ctx(None);
+        c.job = Some(0x0a);
+        for args in [&["run", "-d", "i"][..], &["run", "i"][..]] {
+            let labels = translate(&run_opts(args), &c).unwrap().body.labels.unwrap();
+            assert_eq!(labels[LABEL_JOB], "0000000a", "{args:?}");
+        }
+        // A job's own label of that name is refused by the policy's
+        // reserved prefixes; here it is overwritten all the same.
+        let o = run_opts(&["run", "--label", "io.argus.shim.job=00000001", "i"]);
+        let labels = translate(&o, &c).unwrap().body.labels.unwrap();
+        assert_eq!(labels[LABEL_JOB], "0000000a");
     }
 
     #[test]
