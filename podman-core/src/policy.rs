@@ -75,6 +75,13 @@ pub enum PolicyError {
     NotOwned { name: String },
     #[error("policy: Ray job {job:08x} already has {live} live engine containers of its own on this node (rule engines-per-job: at most ARGUS_SHIM_MAX_ENGINES_PER_JOB={max}; remove one first)")]
     JobEngines { job: u32, live: usize, max: usize },
+    #[error("policy: Ray job {job:08x}'s own engines on this node would hold {total} {what} together, more than this Ray container's {limit} (rule engines-per-job: together at most the Ray container's limits)")]
+    JobTotal {
+        job: u32,
+        what: &'static str,
+        total: i64,
+        limit: i64,
+    },
     #[error("{name}={value:?}: {why}")]
     Setting {
         name: &'static str,
@@ -182,7 +189,7 @@ impl PolicyError {
             PolicyError::Image { .. } => "allowed-images",
             PolicyError::JobPolicy { .. } => "no-job-policy",
             PolicyError::NotOwned { .. } => "owned-containers-only",
-            PolicyError::JobEngines { .. } => "engines-per-job",
+            PolicyError::JobEngines { .. } | PolicyError::JobTotal { .. } => "engines-per-job",
             PolicyError::Setting { .. } => return None,
         };
         Some(refusal_label(rule))
@@ -924,6 +931,55 @@ impl Policy {
                 "--pids-limit",
                 format!("{:?} (this container's limit: {})", hc.pids_limit, l.pids),
             ));
+        }
+        Ok(())
+    }
+
+    /// Checks that a Ray job's own live engine containers on this node
+    /// (`used`, their limits as Docker holds them) and the new one (`new`)
+    /// together hold no more memory, CPUs and pids than the Ray container
+    /// was given, for each the Ray container is limited in (rule
+    /// `engines-per-job`): each engine may have up to the Ray container's
+    /// own limit (rule `resources`), so without this sum a job's
+    /// [`DEFAULT_MAX_ENGINES_PER_JOB`] engines would hold that many times
+    /// the node. An engine with no limit of its own (made under the relaxed
+    /// policy) counts as the whole of the Ray container's.
+    pub fn check_job_total(
+        &self,
+        job: u32,
+        used: &[Limits],
+        new: &Limits,
+    ) -> Result<(), PolicyError> {
+        let l = &self.limits;
+        let sum = |limit: i64, of: fn(&Limits) -> i64| -> i64 {
+            let each = |x: &Limits| match of(x) {
+                n if n > 0 => n.min(limit),
+                _ => limit,
+            };
+            used.iter()
+                .chain([new])
+                .map(each)
+                .fold(0i64, i64::saturating_add)
+        };
+        type Of = fn(&Limits) -> i64;
+        let checks: [(&'static str, i64, Of); 3] = [
+            ("bytes of memory", l.memory, |x| x.memory),
+            ("10^-9 CPUs", l.nano_cpus, |x| x.nano_cpus),
+            ("pids", l.pids, |x| x.pids),
+        ];
+        for (what, limit, of) in checks {
+            if limit <= 0 {
+                continue;
+            }
+            let total = sum(limit, of);
+            if total > limit {
+                return Err(PolicyError::JobTotal {
+                    job,
+                    what,
+                    total,
+                    limit,
+                });
+            }
         }
         Ok(())
     }
@@ -1991,6 +2047,60 @@ mod tests {
             },
             compose_project: Some("argus".into()),
         }
+    }
+
+    #[test]
+    fn a_jobs_own_engines_together_hold_at_most_the_ray_containers_limits() {
+        let me = limited_container();
+        let mut p = Policy::from_env(|_| None).unwrap();
+        p.resolve(Some(&me), lexical);
+        let gib = 1i64 << 30;
+        let engine = |memory: i64, nano_cpus: i64, pids: i64| Limits {
+            memory,
+            nano_cpus,
+            pids,
+            cpuset_cpus: String::new(),
+        };
+        // The Ray container: 2 GiB, 1.5 CPUs, 200 pids.
+        let half = engine(gib, 500_000_000, 50);
+        assert_eq!(p.check_job_total(5, &[], &half), Ok(()));
+        assert_eq!(
+            p.check_job_total(5, std::slice::from_ref(&half), &half),
+            Ok(())
+        );
+        // A third GiB is one too many; the message names the job and what.
+        let err = p
+            .check_job_total(5, &[half.clone(), half.clone()], &half)
+            .unwrap_err();
+        assert_eq!(err.rule(), Some("engines_per_job"));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("Ray job 00000005") && msg.contains("memory") && !msg.contains('\n'),
+            "{msg}"
+        );
+        // CPUs and pids count too, each on its own.
+        let cpus = engine(gib / 4, 1_000_000_000, 10);
+        assert!(p
+            .check_job_total(5, std::slice::from_ref(&cpus), &cpus)
+            .unwrap_err()
+            .to_string()
+            .contains("CPUs"));
+        let pids = engine(gib / 4, 100_000_000, 150);
+        assert!(p
+            .check_job_total(5, std::slice::from_ref(&pids), &pids)
+            .unwrap_err()
+            .to_string()
+            .contains("pids"));
+        // An engine with no limit of its own (relaxed policy) is the whole node.
+        let unlimited = engine(0, 0, 0);
+        assert!(p
+            .check_job_total(5, &[unlimited], &engine(1, 1, 1))
+            .is_err());
+        // A Ray container without limits bounds nothing.
+        let mut free = Policy::from_env(|_| None).unwrap();
+        free.resolve(None, lexical);
+        let many = vec![engine(0, 0, 0); 100];
+        assert_eq!(free.check_job_total(5, &many, &engine(0, 0, 0)), Ok(()));
     }
 
     /// Checks `argv` translated for [`limited_container`].

@@ -85,6 +85,7 @@ impl SelfContainer {
     /// Extracts what translation needs from `GET /containers/{id}/json`.
     pub fn from_inspect(i: &ContainerInspectResponse) -> SelfContainer {
         let hc = i.host_config.clone().unwrap_or_default();
+        let limits = Limits::of(&hc);
         let cfg = i.config.clone().unwrap_or_default();
         let mounts = i
             .mounts
@@ -167,17 +168,24 @@ impl SelfContainer {
                 .and_then(|n| n.networks.as_ref())
                 .map(|n| n.keys().cloned().collect())
                 .unwrap_or_default(),
-            limits: Limits {
-                memory: hc.memory.unwrap_or(0).max(0),
-                nano_cpus: match (hc.nano_cpus, hc.cpu_quota, hc.cpu_period) {
-                    (Some(n), _, _) if n > 0 => n,
-                    (_, Some(q), Some(p)) if q > 0 && p > 0 => q * 1_000_000_000 / p,
-                    (_, Some(q), _) if q > 0 => q * 10_000, // default period 100 ms
-                    _ => 0,
-                },
-                pids: hc.pids_limit.unwrap_or(0).max(0),
-                cpuset_cpus: hc.cpuset_cpus.unwrap_or_default(),
+            limits,
+        }
+    }
+}
+
+impl Limits {
+    /// A container's limits from its `HostConfig` (0: none).
+    pub fn of(hc: &bollard::models::HostConfig) -> Limits {
+        Limits {
+            memory: hc.memory.unwrap_or(0).max(0),
+            nano_cpus: match (hc.nano_cpus, hc.cpu_quota, hc.cpu_period) {
+                (Some(n), _, _) if n > 0 => n,
+                (_, Some(q), Some(p)) if q > 0 && p > 0 => q.saturating_mul(1_000_000_000) / p,
+                (_, Some(q), _) if q > 0 => q.saturating_mul(10_000), // default period 100 ms
+                _ => 0,
             },
+            pids: hc.pids_limit.unwrap_or(0).max(0),
+            cpuset_cpus: hc.cpuset_cpus.clone().unwrap_or_default(),
         }
     }
 }

@@ -39,7 +39,7 @@ use crate::call::Call;
 use crate::error::{ShimError, EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND, EXIT_SHIM};
 use argus_podman_core::args::{PullPolicy, RunOpts, Source};
 use argus_podman_core::policy::{Policy, PolicyError, ResolvedImage};
-use argus_podman_core::selfid::SelfContainer;
+use argus_podman_core::selfid::{Limits, SelfContainer};
 use argus_podman_core::translate::{self, BindCopy, Context};
 
 /// Signals forwarded to the container by name (the docker CLI forwards all
@@ -487,13 +487,16 @@ pub fn counts_as_live(state: &str) -> bool {
 
 /// For a call of a Ray job's own code (`ctx.job`, PID 1's word): takes the
 /// node's create lock, then counts the job's live engine containers of
-/// this node and refuses the call at `policy.max_engines_per_job`;
-/// otherwise returns the lock, which the caller holds until its container
-/// exists, so no two calls of one job take the last place.
+/// this node and refuses the call at `policy.max_engines_per_job`, or when
+/// they and `body` would hold more memory, CPUs or pids together than the
+/// Ray container has (`Policy::check_job_total`); otherwise returns the
+/// lock, which the caller holds until its container exists, so no two
+/// calls of one job take the last place.
 async fn job_slot(
     docker: &Docker,
     policy: &Policy,
     ctx: &Context,
+    body: &ContainerCreateBody,
 ) -> Result<Option<CreateLock>, ShimError> {
     use argus_podman_core::labels::{LABEL_JOB, LABEL_OWNER};
     let (Some(job), max) = (ctx.job, policy.max_engines_per_job) else {
@@ -519,14 +522,37 @@ async fn job_slot(
         ))
         .await
         .map_err(ShimError::docker("list containers"))?;
-    let live = list
+    let live: Vec<&str> = list
         .iter()
         // A container whose state Docker did not say counts.
         .filter(|c| c.state.as_ref().is_none_or(|s| counts_as_live(s.as_ref())))
-        .count();
-    if live >= max {
-        return Err(PolicyError::JobEngines { job, live, max }.into());
+        .filter_map(|c| c.id.as_deref())
+        .collect();
+    if live.len() >= max {
+        return Err(PolicyError::JobEngines {
+            job,
+            live: live.len(),
+            max,
+        }
+        .into());
     }
+    let mut used = Vec::with_capacity(live.len());
+    for id in live {
+        match docker
+            .inspect_container(
+                id,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+        {
+            Ok(i) => used.push(Limits::of(&i.host_config.unwrap_or_default())),
+            // Gone since the list: it holds nothing.
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(ShimError::docker(format!("inspect container {id}"))(e)),
+        }
+    }
+    let new = Limits::of(&body.host_config.clone().unwrap_or_default());
+    policy.check_job_total(job, &used, &new)?;
     Ok(lock)
 }
 
@@ -652,7 +678,7 @@ async fn checked_run(
         docker::remove(docker, id).await;
     }
     // Held from the count to the create: released when dropped.
-    let slot = job_slot(docker, policy, ctx).await?;
+    let slot = job_slot(docker, policy, ctx, &plan.body).await?;
     let id = create(docker, o, plan.body.clone(), shown).await?;
     drop(slot);
     let code = run_created(docker, o, &plan.copies, &id).await;
