@@ -935,6 +935,14 @@ impl Policy {
         Ok(())
     }
 
+    /// Whether the Ray container has a memory, CPU or pids limit, which a
+    /// job's own engines together must stay within
+    /// ([`Policy::check_job_total`]); without one there is nothing to sum.
+    pub fn bounds_job_totals(&self) -> bool {
+        let l = &self.limits;
+        l.memory > 0 || l.nano_cpus > 0 || l.pids > 0
+    }
+
     /// Checks that a Ray job's own live engine containers on this node
     /// (`used`, their limits as Docker holds them) and the new one (`new`)
     /// together hold no more memory, CPUs and pids than the Ray container
@@ -2097,8 +2105,10 @@ mod tests {
             .check_job_total(5, &[unlimited], &engine(1, 1, 1))
             .is_err());
         // A Ray container without limits bounds nothing.
+        assert!(p.bounds_job_totals());
         let mut free = Policy::from_env(|_| None).unwrap();
         free.resolve(None, lexical);
+        assert!(!free.bounds_job_totals());
         let many = vec![engine(0, 0, 0); 100];
         assert_eq!(free.check_job_total(5, &many, &engine(0, 0, 0)), Ok(()));
     }

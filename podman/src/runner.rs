@@ -481,7 +481,7 @@ async fn create_lock() -> Result<Option<CreateLock>, ShimError> {
 /// Whether a container in Docker's `state` counts as live for the per-job
 /// bound: everything but one that has ended (`exited`, `dead`) or is on its
 /// way out (`removing`).
-pub fn counts_as_live(state: &str) -> bool {
+fn counts_as_live(state: &str) -> bool {
     !matches!(state, "exited" | "dead" | "removing")
 }
 
@@ -535,6 +535,9 @@ async fn job_slot(
             max,
         }
         .into());
+    }
+    if !policy.bounds_job_totals() {
+        return Ok(lock);
     }
     let mut used = Vec::with_capacity(live.len());
     for id in live {
