@@ -1238,13 +1238,16 @@ print(json.dumps(ray.get(actor.incr.remote(), timeout=60)))
 /// symlinks and `..` in binds); none gets an answer. The control: the same
 /// program as root in a worker (`docker exec`) does.
 /// R-SEC-5: a Ray job holding every podman place it may have on worker-1
-/// (a task there starts 600 `podman logs -f` of its own container: 128
-/// held, the rest refused) stops neither another job's podman calls there
-/// nor another job's `image_uri` task (the raylet's worker start and its
-/// runtime_env agent's image probe have Ray's reserve beyond every share).
-/// Control: the holding job's own next call is refused at its bound
-/// meanwhile, with its job named; a call from outside any job (an
-/// operator's exec) still goes through.
+/// (a task there starts 600 `podman logs -f` of its own container: 4
+/// follow, as each would hold one of the host's root inotify instances in
+/// dockerd, and dockerd's count of them rises by no more; then 600 plain
+/// `podman logs` into a pipe it never reads: 124 held, the rest refused)
+/// stops neither another job's podman calls there nor another job's
+/// `image_uri` task (the raylet's worker start and its runtime_env agent's
+/// image probe have Ray's reserve beyond every share). Control: the
+/// holding job's own next call is refused at its bound meanwhile, with its
+/// job named; a call from outside any job (an operator's exec) still goes
+/// through.
 fn ray_starts_engines_while_a_job_holds_every_podman_place(c: &Cluster, image: &str) {
     let worker = c.container("worker-1");
     let head = c.container("head");
@@ -1271,7 +1274,9 @@ def hold():
         os.replace("{marker}.new", "{marker}")
     # 20 detached containers at once: the job's own engines are bounded
     # (ARGUS_SHIM_MAX_ENGINES_PER_JOB, 16 by default), under one lock.
-    runs = [subprocess.Popen(["podman", "run", "-d", "--entrypoint", "sleep", "{image}", "900"],
+    # Each prints more than a pipe holds (78,894 bytes), then sleeps.
+    runs = [subprocess.Popen(["podman", "run", "-d", "--entrypoint", "sh", "{image}", "-c",
+                              "seq 1 15000; exec sleep 900"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(20)]
     outs = [r.communicate() + (r.returncode,) for r in runs]
@@ -1281,8 +1286,22 @@ def hold():
         write({{"error": "own containers: " + "; ".join(refused)}})
         return
     target = made[0]
-    held = [subprocess.Popen(["podman", "logs", "-f", target], stdout=subprocess.DEVNULL,
+    # 600 follows at once: the node lets a job have a quarter of its 16.
+    follows = [subprocess.Popen(["podman", "logs", "-f", target], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL) for _ in range(600)]
+    t0 = time.time()
+    while sum(p.poll() is None for p in follows) > 4 and time.time() - t0 < 120:
+        time.sleep(0.2)
+    following = [p for p in follows if p.poll() is None]
+    more = subprocess.run(["podman", "logs", "-f", target], capture_output=True, text=True,
+                          timeout=60)
+    follow_refusal = f"{{more.returncode}}: {{more.stderr.strip()}}"
+    # Then calls that hold without a follower: a plain logs into a pipe
+    # that is never read (the first fills it, every one blocks on it).
+    r, w = os.pipe()
+    held = [subprocess.Popen(["podman", "logs", target], stdout=w,
                              stderr=subprocess.DEVNULL) for _ in range(600)]
+    os.close(w)
     seen, t0 = [], time.time()
     while time.time() - t0 < 180:
         o = subprocess.run(["podman", "ps", "-q"], capture_output=True, text=True)
@@ -1290,7 +1309,8 @@ def hold():
             gone = sum(p.poll() is not None for p in held)
             write({{"container": target, "refusal": o.stderr.strip(), "took": time.time() - t0,
                    "refused_of_600": gone, "job": os.environ.get("RAY_JOB_ID"),
-                   "made": len(made), "engine_refusals": refused}})
+                   "made": len(made), "engine_refusals": refused,
+                   "following": len(following), "follow_refusal": follow_refusal}})
             time.sleep(900)
             return
         seen.append(f"{{time.time() - t0:.0f}}s: {{o.returncode}} {{o.stderr.strip()}}")
@@ -1302,6 +1322,18 @@ ray.get(hold.remote())
 "#,
         ip = c.ip("worker-1")
     );
+    // dockerd's inotify instances (each json-file follower holds one), when
+    // this test sees the daemon's process (root on the daemon's host).
+    let dockerd_inotify = || -> Option<usize> {
+        let pid = String::from_utf8(output(Command::new("pidof").arg("dockerd")).stdout).ok()?;
+        let fds = std::fs::read_dir(format!("/proc/{}/fd", pid.trim())).ok()?;
+        Some(
+            fds.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|l| l.to_string_lossy() == "anon_inode:inotify")
+                .count(),
+        )
+    };
+    let inotify_before = dockerd_inotify();
     run(Command::new("docker").args([
         "exec", "-d", "-u", "ray", &head, "timeout", "1200", "python", "-c", &holder,
     ]));
@@ -1386,6 +1418,27 @@ ray.get(hold.remote())
     }
     log(&format!(
         "R-SEC-9: 20 detached containers of job {job} at once: 16 made, the rest refused ({refusals})"
+    ));
+    // R-SEC-5: of 600 follows, the job's four follow; the next is refused
+    // by the rule, and dockerd holds no more inotify instances than that.
+    let inotify_held = dockerd_inotify();
+    let follow_refusal = held["follow_refusal"].as_str().unwrap_or_default();
+    let rise = inotify_held
+        .zip(inotify_before)
+        .map(|(h, b)| h.saturating_sub(b));
+    if held["following"] != 4
+        || !follow_refusal.starts_with("125: ")
+        || !follow_refusal.contains("rule log-follows")
+        || rise.is_some_and(|r| r > 8)
+    {
+        end_holder();
+        panic!(
+            "R-SEC-5: 600 podman logs -f of one job at once: {} still following (a job's bound is 4); the next: {follow_refusal}; dockerd's inotify instances {inotify_before:?} before, {inotify_held:?} while they followed",
+            held["following"]
+        );
+    }
+    log(&format!(
+        "R-SEC-5: 600 podman logs -f of one job: 4 follow, dockerd's inotify instances {inotify_before:?} -> {inotify_held:?}; the next: {follow_refusal}"
     ));
     log(&format!(
         "R-SEC-5: a job holds its share after {:.1} s; its next call: {} ({} of 600 refused at once)",

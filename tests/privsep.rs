@@ -423,9 +423,14 @@ fn stalled_clients_never_block_a_real_call_and_are_dropped_in_time() {
     assert_eq!(status.code(), Some(0));
 }
 
-/// Issue 26, hole 7, through the broker: a detached run by the Ray user
-/// (no root, no socket) is recorded by PID 1 under its full ID, from the
-/// handler's report, and the node-stop sweep removes exactly it.
+/// Through the broker: a detached run by the Ray user (no root, no socket)
+/// is recorded by PID 1 under its full ID, from the handler's report, and
+/// the node-stop sweep removes exactly it. Meanwhile R-SEC-5's bound on
+/// `logs -f` (each holds one of the host's root inotify instances in
+/// dockerd): with `ARGUS_SHIM_MAX_LOG_FOLLOWS=4`, the callers outside any
+/// job have one follow; a second is refused while it follows, a plain
+/// `logs` is not, and a follow whose client is SIGKILLed gives its place
+/// back.
 #[test]
 fn pid1_records_what_a_brokered_run_created_and_the_stop_sweep_removes_it() {
     let img = image();
@@ -435,6 +440,7 @@ fn pid1_records_what_a_brokered_run_created_and_the_stop_sweep_removes_it() {
     std::fs::set_permissions(sb.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let mut env = sb.env("head", "head");
     env.insert("ARGUS_RAY_USER".into(), RAY_USER.into());
+    env.insert("ARGUS_SHIM_MAX_LOG_FOLLOWS".into(), "4".into());
     let mut agent = Agent::start(&sb, "head", &env);
     let sock = agent.state_dir.join("shim.sock");
     agent.wait_for("the broker's socket", Duration::from_secs(60), |_| {
@@ -447,16 +453,7 @@ fn pid1_records_what_a_brokered_run_created_and_the_stop_sweep_removes_it() {
     let o = std::process::Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(bindir.join("podman"))
-        .args([
-            "run",
-            "-d",
-            "--label",
-            &label,
-            img,
-            "/bin/tool",
-            "sleep",
-            "60",
-        ])
+        .args(["run", "-d", "--label", &label, img, "/bin/tool", "trap"])
         .env("ARGUS_STATE_DIR", &agent.state_dir)
         .current_dir("/")
         .output()
@@ -480,6 +477,76 @@ fn pid1_records_what_a_brokered_run_created_and_the_stop_sweep_removes_it() {
     let meta = std::fs::symlink_metadata(&record).unwrap();
     use std::os::unix::fs::MetadataExt;
     assert_eq!(meta.uid(), 0, "the record is root's");
+    let podman = |args: &[&str]| {
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(bindir.join("podman"))
+            .args(args)
+            .env("ARGUS_STATE_DIR", &agent.state_dir)
+            .current_dir("/")
+            .stdin(std::process::Stdio::null());
+        c
+    };
+    // A follow that holds: it prints the container's "ready" and goes on.
+    let follow = || {
+        let mut child = podman(&["logs", "-f", &id])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        use std::io::BufRead;
+        let _ = out.read_line(&mut line);
+        (child, line)
+    };
+    let (mut first, line) = follow();
+    assert_eq!(line.trim(), "ready", "{}", agent.log());
+    // Ended within 30 s, or killed: a follow that held would block here.
+    let ended = |mut c: std::process::Command| {
+        let mut child = c
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        child.wait_with_output().unwrap()
+    };
+    let second = ended(podman(&["logs", "-f", &id]));
+    assert!(
+        second.status.code() == Some(125)
+            && second.stdout.is_empty()
+            && String::from_utf8_lossy(&second.stderr).contains("rule log-follows"),
+        "a second follow of the callers outside any job: {second:?}"
+    );
+    let plain = ended(podman(&["logs", &id]));
+    assert!(
+        plain.status.success() && String::from_utf8_lossy(&plain.stdout).trim() == "ready",
+        "a plain logs beside a full share of follows: {plain:?}"
+    );
+    // The client SIGKILLed: its handler ends and its place comes back.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    let mut again = loop {
+        let (mut child, line) = follow();
+        if line.trim() == "ready" {
+            break child;
+        }
+        let _ = child.wait();
+        assert!(
+            std::time::Instant::now() < until,
+            "no follow holds 30 s after the first one's client was killed:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    again.kill().unwrap();
+    again.wait().unwrap();
     agent.signal(libc::SIGTERM);
     agent
         .wait_exit(Duration::from_secs(30))

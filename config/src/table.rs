@@ -293,6 +293,7 @@ pub const VARIABLES: &[Var] = &[
     var("ARGUS_SHIM_ALLOWED_USERS", S, Kind::Text, Unset("(the caller only)"), "comma-separated uids (decimal) engine containers may run as besides their caller; `0` only when listed, `*` any but 0"),
     var("ARGUS_SHIM_ALLOWED_CAPS", S, Kind::Text, Unset("(none)"), "comma-separated capabilities `--cap-add` may add"),
     var("ARGUS_SHIM_MAX_ENGINES_PER_JOB", S, Kind::Text, Unset("16"), "live engine containers one Ray job's own code may have on this node (1-4096; Ray's own worker starts do not count)"),
+    var("ARGUS_SHIM_MAX_LOG_FOLLOWS", S, Kind::Text, Unset("16"), "`podman logs -f` calls following at once on this node, a quarter of them per Ray job (1-1024; each holds one of the host's inotify instances in dockerd, `fs.inotify.max_user_instances` for all of root)"),
     var("ARGUS_SHIM_OWNER", S, Kind::Text, Unset("(Ray container id, or host-<id> in ARGUS_STATE_DIR)"), "owner label of this node's engine containers"),
 ];
 

@@ -75,6 +75,13 @@ pub enum PolicyError {
     NotOwned { name: String },
     #[error("policy: Ray job {job:08x} already has {live} live engine containers of its own on this node (rule engines-per-job: at most ARGUS_SHIM_MAX_ENGINES_PER_JOB={max}; remove one first)")]
     JobEngines { job: u32, live: usize, max: usize },
+    #[error("policy: {held} podman logs -f of {share} are already following on this node (rule log-follows: at most {max} per job and ARGUS_SHIM_MAX_LOG_FOLLOWS={node} in all, as each holds one of the host's inotify instances in dockerd; read without -f or end one first)")]
+    LogFollows {
+        share: String,
+        held: usize,
+        max: usize,
+        node: usize,
+    },
     #[error("policy: Ray job {job:08x}'s own engines on this node would hold {total} {what} together, more than this Ray container's {limit} (rule engines-per-job: together at most the Ray container's limits)")]
     JobTotal {
         job: u32,
@@ -152,6 +159,7 @@ pub const REFUSAL_RULES: &[&str] = &[
     "allowed_images",
     "no_squatting",
     "engines_per_job",
+    "log_follows",
     "unsupported",
     "unknown_flag",
     "unknown_command",
@@ -190,6 +198,7 @@ impl PolicyError {
             PolicyError::JobPolicy { .. } => "no-job-policy",
             PolicyError::NotOwned { .. } => "owned-containers-only",
             PolicyError::JobEngines { .. } | PolicyError::JobTotal { .. } => "engines-per-job",
+            PolicyError::LogFollows { .. } => "log-follows",
             PolicyError::Setting { .. } => return None,
         };
         Some(refusal_label(rule))
@@ -351,6 +360,54 @@ struct Root {
 /// resources bound those).
 pub const DEFAULT_MAX_ENGINES_PER_JOB: usize = 16;
 
+/// How many `podman logs -f` may follow at once on one node when
+/// `ARGUS_SHIM_MAX_LOG_FOLLOWS` is unset. Docker's json-file follower
+/// holds an inotify instance of dockerd's for as long as it follows, and
+/// every root process of the host shares one budget of them
+/// (`fs.inotify.max_user_instances`, 128 by default): 128 follows left
+/// the host's other root programs (the node agents' own watchers
+/// included) failing with EMFILE. A node's follows stay well under it.
+pub const DEFAULT_MAX_LOG_FOLLOWS: usize = 16;
+
+/// The offsets, in the node's lock file, of the byte-range locks that
+/// count `logs -f` calls (one lock held per following call, for as long as
+/// it follows): a call takes one of its share's slots and one of the
+/// node's, or is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FollowSlots {
+    /// The slots of the call's share: at most [`follows_per_share`].
+    pub share: std::ops::Range<u64>,
+    /// The node's slots: `ARGUS_SHIM_MAX_LOG_FOLLOWS`.
+    pub node: std::ops::Range<u64>,
+}
+
+/// Where the shares' slots start in the lock file: past the node's slots
+/// (at most 1,024) and the create lock (offset 0), far from both.
+const SHARE_SLOTS_BASE: u64 = 1 << 20;
+/// Room for one share's slots: more than [`follows_per_share`] of the
+/// largest node bound.
+const SHARE_SLOTS_STRIDE: u64 = 1 << 10;
+
+/// How many `logs -f` one Ray job (or the callers outside any job,
+/// together) may have following at once of a node's `node` follows: a
+/// quarter, at least one, so one job cannot take them all.
+pub fn follows_per_share(node: usize) -> usize {
+    (node / 4).max(1)
+}
+
+/// The slots a `logs -f` of `job` (None: a caller outside any job, all
+/// such callers sharing one set) takes one of each from, for a node bound
+/// of `node` follows. Distinct jobs' slots never overlap, and none overlaps
+/// the node's or the create lock's byte.
+pub fn follow_slots(job: Option<u32>, node: usize) -> FollowSlots {
+    let index = job.map_or(0, |j| u64::from(j) + 1);
+    let start = SHARE_SLOTS_BASE + index * SHARE_SLOTS_STRIDE;
+    FollowSlots {
+        share: start..start + follows_per_share(node) as u64,
+        node: 1..1 + node as u64,
+    }
+}
+
 /// The policy in force.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Policy {
@@ -359,6 +416,10 @@ pub struct Policy {
     /// this node (0: no bound, only a policy made in code). Not lifted by
     /// `relaxed`: a bound on use, not a rule of what a container may be.
     pub max_engines_per_job: usize,
+    /// How many `podman logs -f` may follow at once on this node (0: no
+    /// bound, only a policy made in code); a quarter of them per job (see
+    /// [`follow_slots`]). Not lifted by `relaxed`.
+    pub max_log_follows: usize,
     /// None: every image is allowed.
     pub allowed_images: Option<Vec<String>>,
     /// Allowed bind roots, paths in the Ray container, as configured.
@@ -480,6 +541,22 @@ impl Policy {
                 }
             },
         };
+        let max_log_follows = match get("ARGUS_SHIM_MAX_LOG_FOLLOWS")
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+        {
+            None => DEFAULT_MAX_LOG_FOLLOWS,
+            Some(v) => match v.bytes().all(|b| b.is_ascii_digit()).then(|| v.parse()) {
+                Some(Ok(n @ 1..=1024)) => n,
+                _ => {
+                    return Err(PolicyError::Setting {
+                        name: "ARGUS_SHIM_MAX_LOG_FOLLOWS",
+                        value: v,
+                        why: "not a whole number from 1 to 1024",
+                    })
+                }
+            },
+        };
         let allowed_binds = allowed_binds(&get)?;
         let start_roots = match get(BIND_ROOTS_VAR).filter(|v| !v.is_empty()) {
             None => None,
@@ -556,6 +633,7 @@ impl Policy {
         Ok(Policy {
             relaxed,
             max_engines_per_job,
+            max_log_follows,
             allowed_images,
             allowed_binds,
             allowed_caps,
@@ -2027,9 +2105,53 @@ mod tests {
             ("ARGUS_SHIM_POLICY", "relax"),
             ("ARGUS_SHIM_POLICY", "Relaxed"),
             ("ARGUS_SHIM_ALLOWED_BINDS", "/ok:relative"),
+            ("ARGUS_SHIM_MAX_ENGINES_PER_JOB", "0"),
+            ("ARGUS_SHIM_MAX_LOG_FOLLOWS", "0"),
+            ("ARGUS_SHIM_MAX_LOG_FOLLOWS", "1025"),
+            ("ARGUS_SHIM_MAX_LOG_FOLLOWS", "-4"),
+            ("ARGUS_SHIM_MAX_LOG_FOLLOWS", "0x10"),
+            ("ARGUS_SHIM_MAX_LOG_FOLLOWS", "16 "),
         ] {
-            let e = Policy::from_env(|n| (n == k).then(|| v.to_string())).unwrap_err();
+            let e = Policy::from_env(|n| (n == k).then(|| v.to_string()));
+            let e = match (k, v) {
+                // Surrounding blanks are trimmed, as for every number.
+                (_, "16 ") => {
+                    assert_eq!(e.unwrap().max_log_follows, 16);
+                    continue;
+                }
+                _ => e.unwrap_err(),
+            };
             assert!(e.to_string().starts_with(k), "{e}");
+        }
+        let p = Policy::from_env(|_| None).unwrap();
+        assert_eq!(p.max_log_follows, DEFAULT_MAX_LOG_FOLLOWS);
+        let p = Policy::from_env(|n| (n == "ARGUS_SHIM_MAX_LOG_FOLLOWS").then(|| "1024".into()));
+        assert_eq!(p.unwrap().max_log_follows, 1024);
+    }
+
+    #[test]
+    fn follow_slots_of_jobs_the_node_and_the_create_lock_never_overlap() {
+        assert_eq!(follows_per_share(16), 4);
+        assert_eq!(follows_per_share(1), 1);
+        assert_eq!(follows_per_share(1024), 256);
+        let node = follow_slots(None, 1024).node;
+        assert!(!node.contains(&0), "byte 0 is the create lock");
+        assert_eq!(node.clone().count(), 1024);
+        let mut seen = vec![node];
+        for job in [None, Some(0), Some(1), Some(0x0500_0000), Some(u32::MAX)] {
+            let s = follow_slots(job, 1024);
+            assert_eq!(s.share.clone().count(), 256);
+            for other in &seen {
+                assert!(
+                    s.share.end <= other.start || other.end <= s.share.start,
+                    "{job:?}: {:?} overlaps {other:?}",
+                    s.share
+                );
+            }
+            assert!(!s.share.contains(&0));
+            // Far from the end of a 64-bit offset.
+            assert!(s.share.end < i64::MAX as u64);
+            seen.push(s.share);
         }
     }
 

@@ -638,16 +638,19 @@ fn accept(conn: UnixStream, cfg: &BrokerConfig, exe: &Path, live: &Live) {
 /// The node's create lock file (`runner::job_slot`), in the state folder.
 pub const CREATE_LOCK: &str = "shim-create.lock";
 
-/// Opens the node's create lock for one handler: an opening of its own
-/// (`flock` excludes openings), read-only, created root's and 0600 when
-/// missing, no link followed, numbered above [`CREATE_LOCK_FD`] so that
-/// placing the connection and the report pipe cannot overwrite it.
+/// Opens the node's lock file for one handler (its create lock and its
+/// `logs -f` slots, [`super::nodelock`]): an opening of its own (the
+/// handler's byte-range locks belong to the opening, so openings exclude
+/// each other), read-write (a write lock needs it; the bytes are never
+/// written), created root's and 0600 when missing, no link followed,
+/// numbered above [`CREATE_LOCK_FD`] so that placing the connection and the
+/// report pipe cannot overwrite it.
 fn create_lock(state_dir: &Path) -> io::Result<OwnedFd> {
     use nix::fcntl::{fcntl, open, FcntlArg, OFlag};
     use nix::sys::stat::Mode;
     let fd = open(
         &state_dir.join(CREATE_LOCK),
-        OFlag::O_RDONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o600),
     )?;
     let high = fcntl(&fd, FcntlArg::F_DUPFD_CLOEXEC(CREATE_LOCK_FD + 1))?;

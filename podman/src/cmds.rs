@@ -653,6 +653,13 @@ async fn logs(
         eprintln!("Error: {}", ShimError::NoSuchContainer(name));
         return Ok(125);
     };
+    // Held while following: each follow holds one of the host's root
+    // inotify instances in dockerd (R-SEC-5).
+    let _following = if follow {
+        crate::nodelock::follow(call.caller.job, s.policy.max_log_follows)?
+    } else {
+        None
+    };
     let opts = LogsOptionsBuilder::new()
         .follow(follow)
         .stdout(true)

@@ -41,11 +41,12 @@ use argus_supervise::privs;
 pub const CONNECTION_FD: i32 = 3;
 
 /// The descriptor the broker passes this call's own opening of the node's
-/// create lock on (`shim-create.lock` in the state folder, root's): a call
-/// that counts its job's engine containers and creates one holds it
-/// meanwhile (`runner::job_slot`), so two calls of one job cannot both
-/// take the last place. An opening of its own per call: `flock` excludes
-/// openings, not processes.
+/// lock file on (`shim-create.lock` in the state folder, root's; see
+/// [`super::nodelock`]): a call that counts its job's engine containers and
+/// creates one holds its create lock meanwhile (`runner::job_slot`), so two
+/// calls of one job cannot both take the last place, and a `logs -f` holds
+/// two follow slots while it follows. An opening of its own per call: the
+/// locks belong to openings, not processes.
 pub const CREATE_LOCK_FD: i32 = 5;
 
 /// How long a client may take to send its whole request (R-SEC-5): a

@@ -40,6 +40,7 @@ pub mod docker;
 pub mod error;
 pub mod handler;
 pub mod janitor;
+pub mod nodelock;
 pub mod owner;
 pub mod report;
 pub mod resolve;

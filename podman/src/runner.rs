@@ -434,50 +434,6 @@ fn compose_would_adopt(name: &str, project: &str) -> bool {
         .is_some_and(|rest| rest.starts_with('-') || rest.starts_with('_'))
 }
 
-/// How long a call waits for the node's create lock: each holder counts
-/// and creates, a second or two on a busy daemon, and only a job's own
-/// calls queue for it (never Ray's worker starts).
-const CREATE_LOCK_WAIT: Duration = Duration::from_secs(120);
-
-/// The node's create lock, held by this call until dropped (closing the
-/// descriptor releases it).
-struct CreateLock {
-    _held: std::os::fd::OwnedFd,
-}
-
-/// Takes this call's opening of the node's create lock
-/// ([`crate::handler::CREATE_LOCK_FD`]) once it is free, waiting at most
-/// [`CREATE_LOCK_WAIT`]. `None` when the broker passed none (a standalone
-/// shim, which has no job).
-async fn create_lock() -> Result<Option<CreateLock>, ShimError> {
-    use std::os::fd::FromRawFd;
-    let fd = crate::handler::CREATE_LOCK_FD;
-    // SAFETY: F_GETFD only asks whether the descriptor is open.
-    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Ok(None);
-    }
-    // SAFETY: the broker opened it for this process alone; nothing else
-    // here owns it, and this runs once per call.
-    let lock = CreateLock {
-        _held: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) },
-    };
-    let until = std::time::Instant::now() + CREATE_LOCK_WAIT;
-    loop {
-        // SAFETY: a descriptor this process owns.
-        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(Some(lock));
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) || std::time::Instant::now() > until {
-            return Err(ShimError::Io {
-                path: "shim-create.lock".into(),
-                source: e,
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Whether a container in Docker's `state` counts as live for the per-job
 /// bound: everything but one that has ended (`exited`, `dead`) or is on its
 /// way out (`removing`).
@@ -497,7 +453,7 @@ async fn job_slot(
     policy: &Policy,
     ctx: &Context,
     body: &ContainerCreateBody,
-) -> Result<Option<CreateLock>, ShimError> {
+) -> Result<Option<crate::nodelock::Held>, ShimError> {
     use argus_podman_core::labels::{LABEL_JOB, LABEL_OWNER};
     let (Some(job), max) = (ctx.job, policy.max_engines_per_job) else {
         return Ok(None);
@@ -505,7 +461,7 @@ async fn job_slot(
     if max == 0 {
         return Ok(None);
     }
-    let lock = create_lock().await?;
+    let lock = crate::nodelock::create().await?;
     let filters = HashMap::from([(
         "label".to_string(),
         vec![

@@ -37,6 +37,11 @@ pub fn spawn() {
     match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {
             drop(write);
+            // A handler's node lock file is the handler's alone: a copy
+            // here would keep the handler's locks after a SIGKILL until
+            // this watchdog ends.
+            // SAFETY: closes a descriptor number this process does not use.
+            unsafe { libc::close(crate::handler::CREATE_LOCK_FD) };
             main(read, pid, start)
         }
         Ok(nix::unistd::ForkResult::Parent { .. }) => {
