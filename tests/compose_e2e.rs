@@ -1238,7 +1238,7 @@ print(json.dumps(ray.get(actor.incr.remote(), timeout=60)))
 /// symlinks and `..` in binds); none gets an answer. The control: the same
 /// program as root in a worker (`docker exec`) does.
 /// R-SEC-5: a Ray job holding every podman place it may have on worker-1
-/// (a task there starts 600 `podman logs -f` of its own container: 4
+/// (a task there starts 50 `podman logs -f` of its own container: 4
 /// follow, as each would hold one of the host's root inotify instances in
 /// dockerd, and dockerd's count of them rises by no more; then 600 plain
 /// `podman logs` into a pipe it never reads: 124 held, the rest refused)
@@ -1286,9 +1286,9 @@ def hold():
         write({{"error": "own containers: " + "; ".join(refused)}})
         return
     target = made[0]
-    # 600 follows at once: the node lets a job have a quarter of its 16.
+    # 50 follows at once: the node lets a job have a quarter of its 16.
     follows = [subprocess.Popen(["podman", "logs", "-f", target], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL) for _ in range(600)]
+                                stderr=subprocess.DEVNULL) for _ in range(50)]
     t0 = time.time()
     while sum(p.poll() is None for p in follows) > 4 and time.time() - t0 < 120:
         time.sleep(0.2)
@@ -1419,7 +1419,7 @@ ray.get(hold.remote())
     log(&format!(
         "R-SEC-9: 20 detached containers of job {job} at once: 16 made, the rest refused ({refusals})"
     ));
-    // R-SEC-5: of 600 follows, the job's four follow; the next is refused
+    // R-SEC-5: of 50 follows, the job's four follow; the next is refused
     // by the rule, and dockerd holds no more inotify instances than that.
     let inotify_held = dockerd_inotify();
     let follow_refusal = held["follow_refusal"].as_str().unwrap_or_default();
@@ -1433,12 +1433,12 @@ ray.get(hold.remote())
     {
         end_holder();
         panic!(
-            "R-SEC-5: 600 podman logs -f of one job at once: {} still following (a job's bound is 4); the next: {follow_refusal}; dockerd's inotify instances {inotify_before:?} before, {inotify_held:?} while they followed",
+            "R-SEC-5: 50 podman logs -f of one job at once: {} still following (a job's bound is 4); the next: {follow_refusal}; dockerd's inotify instances {inotify_before:?} before, {inotify_held:?} while they followed",
             held["following"]
         );
     }
     log(&format!(
-        "R-SEC-5: 600 podman logs -f of one job: 4 follow, dockerd's inotify instances {inotify_before:?} -> {inotify_held:?}; the next: {follow_refusal}"
+        "R-SEC-5: 50 podman logs -f of one job: 4 follow, dockerd's inotify instances {inotify_before:?} -> {inotify_held:?}; the next: {follow_refusal}"
     ));
     log(&format!(
         "R-SEC-5: a job holds its share after {:.1} s; its next call: {} ({} of 600 refused at once)",

@@ -620,6 +620,15 @@ async fn stop(
     ignore: bool,
     names: Vec<String>,
 ) -> Result<u8, ShimError> {
+    // Docker answers a stop once the container has ended, up to `t`
+    // seconds later: the client's 120 s would cut a longer one short.
+    let docker = match timeout {
+        Some(t) if t > 90 => docker
+            .clone()
+            .with_timeout(std::time::Duration::from_secs(t as u64 + 30)),
+        _ => docker.clone(),
+    };
+    let docker = &docker;
     for_each_owned(docker, call, &names, ignore, "stop", |id| {
         let docker = docker.clone();
         async move {
@@ -648,17 +657,18 @@ async fn logs(
     timestamps: bool,
     name: String,
 ) -> Result<u8, ShimError> {
+    // Held while following: each follow holds one of the host's root
+    // inotify instances in dockerd (R-SEC-5). Taken first, so a refused
+    // follow costs the daemon nothing.
+    let _following = if follow {
+        crate::nodelock::follow(call.caller.job, call.policy()?.max_log_follows)?
+    } else {
+        None
+    };
     let s = scope(docker, call).await?;
     let Some(id) = owned(docker, &s, &name).await?.map(|r| r.id) else {
         eprintln!("Error: {}", ShimError::NoSuchContainer(name));
         return Ok(125);
-    };
-    // Held while following: each follow holds one of the host's root
-    // inotify instances in dockerd (R-SEC-5).
-    let _following = if follow {
-        crate::nodelock::follow(call.caller.job, s.policy.max_log_follows)?
-    } else {
-        None
     };
     let opts = LogsOptionsBuilder::new()
         .follow(follow)
