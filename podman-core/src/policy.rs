@@ -408,6 +408,31 @@ pub fn follow_slots(job: Option<u32>, node: usize) -> FollowSlots {
     }
 }
 
+/// The whole number `name` sets, from 1 to `max` (`why` says so; blanks
+/// around it ignored), or `default` when it is unset or blank.
+fn count_setting(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: usize,
+    max: usize,
+    why: &'static str,
+) -> Result<usize, PolicyError> {
+    let Some(v) = get(name)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+    else {
+        return Ok(default);
+    };
+    match v.bytes().all(|b| b.is_ascii_digit()).then(|| v.parse()) {
+        Some(Ok(n)) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(PolicyError::Setting {
+            name,
+            value: v,
+            why,
+        }),
+    }
+}
+
 /// The policy in force.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Policy {
@@ -525,38 +550,20 @@ impl Policy {
             })
         };
         let allowed_images = list("ARGUS_SHIM_ALLOWED_IMAGES", ',');
-        let max_engines_per_job = match get("ARGUS_SHIM_MAX_ENGINES_PER_JOB")
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
-        {
-            None => DEFAULT_MAX_ENGINES_PER_JOB,
-            Some(v) => match v.bytes().all(|b| b.is_ascii_digit()).then(|| v.parse()) {
-                Some(Ok(n @ 1..=4096)) => n,
-                _ => {
-                    return Err(PolicyError::Setting {
-                        name: "ARGUS_SHIM_MAX_ENGINES_PER_JOB",
-                        value: v,
-                        why: "not a whole number from 1 to 4096",
-                    })
-                }
-            },
-        };
-        let max_log_follows = match get("ARGUS_SHIM_MAX_LOG_FOLLOWS")
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
-        {
-            None => DEFAULT_MAX_LOG_FOLLOWS,
-            Some(v) => match v.bytes().all(|b| b.is_ascii_digit()).then(|| v.parse()) {
-                Some(Ok(n @ 1..=1024)) => n,
-                _ => {
-                    return Err(PolicyError::Setting {
-                        name: "ARGUS_SHIM_MAX_LOG_FOLLOWS",
-                        value: v,
-                        why: "not a whole number from 1 to 1024",
-                    })
-                }
-            },
-        };
+        let max_engines_per_job = count_setting(
+            &get,
+            "ARGUS_SHIM_MAX_ENGINES_PER_JOB",
+            DEFAULT_MAX_ENGINES_PER_JOB,
+            4096,
+            "not a whole number from 1 to 4096",
+        )?;
+        let max_log_follows = count_setting(
+            &get,
+            "ARGUS_SHIM_MAX_LOG_FOLLOWS",
+            DEFAULT_MAX_LOG_FOLLOWS,
+            1024,
+            "not a whole number from 1 to 1024",
+        )?;
         let allowed_binds = allowed_binds(&get)?;
         let start_roots = match get(BIND_ROOTS_VAR).filter(|v| !v.is_empty()) {
             None => None,
