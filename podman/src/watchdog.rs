@@ -39,9 +39,13 @@ pub fn spawn() {
             drop(write);
             // A handler's node lock file is the handler's alone: a copy
             // here would keep the handler's locks after a SIGKILL until
-            // this watchdog ends.
-            // SAFETY: closes a descriptor number this process does not use.
-            unsafe { libc::close(crate::handler::CREATE_LOCK_FD) };
+            // this watchdog ends. (In a standalone shim that number may be
+            // anything, even this pipe: then it stays.)
+            if read.as_raw_fd() != crate::handler::CREATE_LOCK_FD {
+                // SAFETY: closes a descriptor number this process does not
+                // use.
+                unsafe { libc::close(crate::handler::CREATE_LOCK_FD) };
+            }
             main(read, pid, start)
         }
         Ok(nix::unistd::ForkResult::Parent { .. }) => {
